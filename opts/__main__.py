@@ -1,0 +1,56 @@
+"""`python -m opts list|bench`: the registered optimizations and their microbenchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from opts import bench, registry
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = [{"name": opt.name, "description": opt.description, "modes": list(opt.config_cls.MODES)}
+            for opt in registry.OPTIMIZATIONS.values()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        width = max(len(r["name"]) for r in rows)
+        for r in rows:
+            print(f"{r['name']:<{width}}  {r['description']}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    opt = registry.get(args.name)
+    result = bench.run(opt, quick=args.quick, device=args.device, only=args.case, budget_s=args.budget)
+    if args.json:
+        bench.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opts", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="the registered optimizations, one line each")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_list)
+    p = sub.add_parser("bench", help="off against on, same inputs, same run")
+    p.add_argument("name", help=f"one of: {', '.join(registry.names())}")
+    p.add_argument("--quick", action="store_true", help="the small case set")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--device", help="cpu or cuda (default: cuda if present)")
+    p.add_argument("--case", help="run only the cases whose name contains this")
+    p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per case (default 1)")
+    p.set_defaults(func=_bench)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""What every optimization shares: a validated toggle config, a microbenchmark case, the record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class ToggleConfig:
+    """Base of each optimization's config. `mode` is "off" (the reference path), "on", or a named variant."""
+
+    MODES: ClassVar[tuple[str, ...]] = ("off", "on")
+    mode: str = "off"
+
+    def __post_init__(self) -> None:
+        if self.mode not in self.MODES:
+            raise ValueError(
+                f"{type(self).__name__}.mode: invalid value {self.mode!r}; valid choices: {', '.join(self.MODES)}"
+            )
+
+    @property
+    def is_on(self) -> bool:
+        return self.mode == "on"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ToggleConfig:
+        """Build from a plain mapping (e.g. a Hydra node), naming any unknown field and the valid ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(known))}"
+            )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BenchPair:
+    """Off and on callables over the same, already built inputs."""
+
+    off: Callable[[], Any]
+    on: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One microbenchmark case. `setup` builds the inputs only when the case runs, so cases stay cheap to list.
+
+    `bytes` and `flops` count the mechanism's main work per call, analytically from the shapes.
+    """
+
+    name: str
+    setup: Callable[[], BenchPair]
+    bytes: int
+    flops: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """One switchable optimization: its name, config type and microbenchmarks.
+
+    `bench_cases(quick, device)` lists the cases; `quick` picks the small set used by `--quick`.
+    """
+
+    name: str
+    description: str
+    config_cls: type[ToggleConfig]
+    bench_cases: Callable[[bool, str], list[BenchCase]]
+
+    def config(self, **values: Any) -> ToggleConfig:
+        """A validated config of this optimization."""
+        return self.config_cls.from_dict(values)
