@@ -1,0 +1,82 @@
+"""The `workload` Hydra group: every option composes against the typed schema and loads from any cwd."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from ablations.workload import (
+    ClosedLoopSchedule,
+    OpenLoopSchedule,
+    WorkloadConfig,
+    build_schedule,
+    load_workload,
+    register_configs,
+)
+from ablations.workload.config import REPO_ROOT
+
+OPTIONS = {"agentx": None, "agentx_small": None, "mooncake_conversation": 12031, "mooncake_synthetic": 3993}
+
+
+@pytest.fixture
+def composed():
+    register_configs(ConfigStore.instance())
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        yield lambda *overrides: compose(overrides=list(overrides)).workload
+
+
+def test_the_group_has_one_option_per_preset_and_real_trace():
+    assert sorted(p.stem for p in (REPO_ROOT / "conf" / "workload").glob("*.yaml")) == sorted(OPTIONS)
+
+
+@pytest.mark.parametrize("name", ["agentx_small", "mooncake_conversation", "mooncake_synthetic"])
+def test_each_option_composes_and_loads_from_another_cwd(composed, name, tmp_path, monkeypatch):
+    node = composed(f"+workload={name}")
+    config = OmegaConf.to_object(node)
+    assert isinstance(config, WorkloadConfig)
+    assert config.name == name
+    monkeypatch.chdir(tmp_path)
+    trace = load_workload(node)
+    if OPTIONS[name] is not None:
+        assert len(trace.requests) == OPTIONS[name]
+        assert isinstance(build_schedule(node, trace), OpenLoopSchedule)
+    else:
+        assert trace.has_sessions
+        assert isinstance(build_schedule(node, trace), ClosedLoopSchedule)
+
+
+def test_agentx_option_composes(composed):
+    config = OmegaConf.to_object(composed("+workload=agentx"))
+    assert (config.preset, config.path, config.schedule) == ("agentx", None, "closed")
+
+
+def test_overrides_reach_the_generator_and_session_count(composed):
+    node = composed("+workload=agentx_small", "+workload.generator.max_context_tokens=3500",
+                    "+workload.generator.output={median: 10}", "workload.num_sessions=2", "workload.seed=5")
+    trace = load_workload(node)
+    assert len(trace.root_sessions) == 2
+    assert max(r.input_length + r.output_length for r in trace.requests) <= 3500
+    config = OmegaConf.to_object(node)
+    assert config.generator_config().output.median == 10
+    assert config.generator_config().output.sigma == 0.5
+
+
+def test_bad_values_are_refused(composed):
+    with pytest.raises(ValueError, match=r"schedule: invalid value 'later'; valid choices: closed, open"):
+        OmegaConf.to_object(composed("+workload=agentx_small", "workload.schedule=later"))
+    with pytest.raises(ConfigCompositionException):
+        composed("+workload=agentx_small", "workload.seed=abc")
+    with pytest.raises(ValueError, match=r"give exactly one of preset and path"):
+        WorkloadConfig(preset="agentx", path="x.jsonl")
+    with pytest.raises(ValueError, match=r"WorkloadConfig.preset: invalid value 'big'"):
+        WorkloadConfig(preset="big")
+    with pytest.raises(ValueError, match=r"WorkloadConfig: unknown field\(s\) sesions"):
+        load_workload({"preset": "agentx_small", "sesions": 2})
+    with pytest.raises(ValueError, match=r"generator.output: unknown field\(s\) mean"):
+        load_workload({"preset": "agentx_small", "generator": {"output": {"mean": 3}}})
+    node = composed("+workload=mooncake_synthetic", "workload.schedule=closed")
+    with pytest.raises(ValueError, match=r"a closed-loop schedule needs sessions"):
+        build_schedule(node, load_workload(node))
