@@ -9,6 +9,8 @@ Definitions (DESIGN.md "Metrics"):
   concurrency sweep, never extrapolated (`throughput_at_slo`).
 - tokens per dollar = throughput/GPU × 3600 / price per GPU-hour.
 - achieved prefix-cache hit rate = Σ cached input tokens / Σ input tokens.
+- theoretical prefix reuse of a trace = fraction of prompt blocks an unbounded cache would serve with
+  leading-block prefix matching (`theoretical_prefix_reuse`; the trie walk is in ablations.workload.reuse).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from ablations.workload.reuse import reuse_summary, served_blocks
+from ablations.workload.trace import Trace
 
 PERCENTILES = (50, 90, 99)
 
@@ -161,6 +166,11 @@ def cache_hit_rate(records: Sequence[RequestRecord]) -> float:
     """Achieved prefix-cache hit rate: Σ cached input tokens / Σ input tokens."""
     total = sum(r.input_tokens for r in records)
     return sum(r.cached_tokens for r in records) / total if total else math.nan
+
+
+def theoretical_prefix_reuse(trace: Trace) -> float:
+    """Fraction of the trace's prompt blocks an unbounded cache would serve (leading-block matching)."""
+    return float(reuse_summary(trace, served_blocks(trace))["block_fraction"])
 
 
 def tokens_per_dollar(throughput_per_gpu_tps: float, price_per_gpu_hour: float) -> float:

@@ -14,6 +14,7 @@ from ablations.metrics import (
     requests_in_window,
     steady_window,
     summarize,
+    theoretical_prefix_reuse,
     throughput_at_slo,
     throughput_per_gpu,
     tokens_in_window,
@@ -142,3 +143,12 @@ def test_slo_every_point_exceeds_target():
 
 def test_slo_empty_sweep():
     assert throughput_at_slo([], 50.0).is_missing
+
+
+def test_theoretical_prefix_reuse_by_hand():
+    from ablations.workload.trace import Request, Trace
+
+    # block size 4: r0 [1,2,3] all new; r1 [1,2,9] reuses 2; r2 [5,2] reuses 0 (leading block differs)
+    reqs = [Request(timestamp_ms=t, input_length=4 * len(h), output_length=1, hash_ids=tuple(h))
+            for t, h in enumerate([[1, 2, 3], [1, 2, 9], [5, 2]])]
+    assert theoretical_prefix_reuse(Trace(reqs, block_size=4)) == pytest.approx(2 / 8)
