@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+import torch
+
 from opts import bench, registry
 
 
@@ -23,6 +25,10 @@ def _list(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     opt = registry.get(args.name)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads: invalid value {args.threads}; must be >= 1")
+        torch.set_num_threads(args.threads)
     result = bench.run(opt, quick=args.quick, device=args.device, only=args.case, budget_s=args.budget)
     if args.json:
         bench.write_json(result, args.json)
@@ -41,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the small case set")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--device", help="cpu or cuda (default: cuda if present)")
-    p.add_argument("--case", help="run only the cases whose name contains this")
+    p.add_argument("--case", help="run only the case of this name (else those whose name contains it)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per case (default 1)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 is steadier on a shared CPU)")
     p.set_defaults(func=_bench)
     args = parser.parse_args(argv)
     try:

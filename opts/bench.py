@@ -83,6 +83,8 @@ def run_case(case: BenchCase, device: str, copy_bw: float, budget_s: float) -> d
         "flops": case.flops,
         "off_GBps": case.bytes / off_s / 1e9,
         "on_GBps": case.bytes / on_s / 1e9,
+        "copy_GBps": copy_bw / 1e9,
+        "off_frac_of_copy_bw": case.bytes / off_s / copy_bw,
         "on_frac_of_copy_bw": case.bytes / on_s / copy_bw,
         "device": device_name(device),
         **case.info,
@@ -91,11 +93,14 @@ def run_case(case: BenchCase, device: str, copy_bw: float, budget_s: float) -> d
 
 def run(opt: Optimization, *, quick: bool = False, device: str | None = None, only: str | None = None,
         budget_s: float = 1.0, progress: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Run an optimization's microbenchmarks; `only` keeps the cases whose name contains it."""
+    """Run an optimization's microbenchmarks; `only` keeps the case named so, else those whose name contains it."""
     device = device or default_device()
-    cases = [c for c in opt.bench_cases(quick, device) if only is None or only in c.name]
-    if not cases:
-        raise ValueError(f"{opt.name}: no benchmark case matches {only!r}")
+    cases = opt.bench_cases(quick, device)
+    if only is not None:
+        names = [c.name for c in cases]
+        cases = [c for c in cases if c.name == only] or [c for c in cases if only in c.name]
+        if not cases:
+            raise ValueError(f"{opt.name}: no benchmark case matches {only!r}; cases: {', '.join(names)}")
     copy_bw = copy_bandwidth(device)
     if progress:
         progress(f"{opt.name} on {device_name(device)}: copy bandwidth {copy_bw / 1e9:.1f} GB/s, "
@@ -109,6 +114,7 @@ def run(opt: Optimization, *, quick: bool = False, device: str | None = None, on
         "optimization": opt.name,
         "device": device_name(device),
         "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "quick": quick,
         "copy_GBps": copy_bw / 1e9,
         "cases": rows,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from opts import aiter_mla
+from opts import aiter_mla, fusion, kda_overlap
 from opts.base import Optimization, ToggleConfig
 
-OPTIMIZATIONS: dict[str, Optimization] = {opt.name: opt for opt in (aiter_mla.OPTIMIZATION,)}
+OPTIMIZATIONS: dict[str, Optimization] = {
+    opt.name: opt for opt in (aiter_mla.OPTIMIZATION, kda_overlap.OPTIMIZATION, fusion.OPTIMIZATION)
+}
 
 
 def names() -> list[str]:
