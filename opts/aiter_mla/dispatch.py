@@ -9,7 +9,7 @@ import torch
 
 from opts.aiter_mla import aiter, naive, split_kv
 from opts.aiter_mla.config import AiterMLAConfig
-from opts.aiter_mla.mla import K3_TP8, MLAShape, absorb_query, check_context, check_inputs, up_project
+from opts.aiter_mla.mla import K3_TP8, MLAShape, absorbed_decode
 
 BACKENDS = ("naive", "split_kv", "aiter")
 Decode = Callable[..., torch.Tensor]
@@ -34,13 +34,10 @@ def aiter_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tenso
                  context_lens: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, *, shape: MLAShape = K3_TP8,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed MLA decode through AITER's kernel. UNEXECUTED (needs ROCm and amd-aiter)."""
-    check_inputs(shape, q_nope, q_pe, kv_cache, block_table, context_lens, w_uk, w_uv, out)
-    lens = context_lens.tolist()
-    check_context(lens, block_table, kv_cache.shape[0], kv_cache.shape[1])
-    q_latent = absorb_query(q_nope, q_pe, w_uk)
-    o_latent = aiter.latent_attention(q_latent, kv_cache, block_table, lens, shape.softmax_scale,
-                                      shape.kv_lora_rank)
-    return up_project(o_latent, w_uv, out)
+    return absorbed_decode(
+        lambda q_latent, lens: aiter.latent_attention(q_latent, kv_cache, block_table, lens, shape.softmax_scale,
+                                                shape.kv_lora_rank),
+        q_nope, q_pe, kv_cache, block_table, context_lens, w_uk, w_uv, shape, out)
 
 
 def make_decode(config: AiterMLAConfig, device: str | torch.device = "cpu") -> Decode:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -115,6 +116,18 @@ def up_project(o_latent: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor | N
         return o.contiguous()
     out.copy_(o)
     return out
+
+
+def absorbed_decode(latent_attention: Callable[[torch.Tensor, list[int]], torch.Tensor], q_nope: torch.Tensor,
+                    q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                    context_lens: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, shape: MLAShape,
+                    out: torch.Tensor | None) -> torch.Tensor:
+    """Check the inputs, fold W_UK into q, run `latent_attention(q_latent, lens)`, apply W_UV into `out`."""
+    check_inputs(shape, q_nope, q_pe, kv_cache, block_table, context_lens, w_uk, w_uv, out)
+    lens = context_lens.tolist()
+    check_context(lens, block_table, kv_cache.shape[0], kv_cache.shape[1])
+    q_latent = absorb_query(q_nope, q_pe, w_uk)
+    return up_project(latent_attention(q_latent, lens), w_uv, out)
 
 
 def decode_flops(shape: MLAShape, context_lens: list[int]) -> int:
