@@ -38,6 +38,11 @@ def test_every_workload_option_composes(option):
         assert app.workload.resolved_path.is_file(), app.workload.resolved_path
 
 
+@pytest.mark.parametrize("option", options("model"))
+def test_every_model_option_composes(option):
+    assert compose_app([f"model={option}"]).model.name == option
+
+
 @pytest.mark.parametrize("option", options("experiment"))
 def test_every_experiment_composes(option):
     compose_app([f"experiment={option}"])

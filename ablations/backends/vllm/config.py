@@ -1,0 +1,128 @@
+"""Typed schema of a tiny K3-family model for the vLLM backend (conf/model/*.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")
+DTYPES = ("float32", "bfloat16")
+HIDDEN_ACTS = ("silu",)
+# vLLM-CPU's MLA decode kernel (csrc/cpu/mla_decode.cpp) only exists for a 576-wide latent head.
+CPU_MLA_KV_LORA_RANK = 512
+CPU_MLA_ROPE_DIM = 64
+
+
+def _bad(field_name: str, value: Any, valid: str) -> ValueError:
+    return ValueError(f"ModelConfig.{field_name}: invalid value {value!r}; valid: {valid}")
+
+
+@dataclass
+class ModelConfig:
+    """A tiny K3-family model: KDA and MLA layers mixed, latent MoE, MTP head.
+
+    `kda_layers` are 1-based (the checkpoint convention); every other layer is MLA.
+    """
+
+    name: str = "k3_tiny"
+    architecture: str = "KimiK3ForConditionalGeneration"
+    dtype: str = "float32"
+    seed: int = 0
+    vocab_size: int = 1024
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    kda_layers: list[int] = field(default_factory=lambda: [1, 3])
+    kda_num_heads: int = 4
+    kda_head_dim: int = 64
+    short_conv_kernel_size: int = 4
+    use_full_rank_gate: bool = True
+    gate_lower_bound: float | None = None
+    num_attention_heads: int = 4
+    q_lora_rank: int | None = 128
+    kv_lora_rank: int = CPU_MLA_KV_LORA_RANK
+    qk_nope_head_dim: int = 64
+    qk_rope_head_dim: int = CPU_MLA_ROPE_DIM
+    v_head_dim: int = 64
+    mla_use_output_gate: bool = True
+    num_experts: int | None = 8
+    num_experts_per_token: int = 2
+    num_shared_experts: int = 1
+    moe_intermediate_size: int = 128
+    first_k_dense_replace: int = 1
+    routed_expert_hidden_size: int | None = 128
+    latent_moe_use_norm: bool = True
+    routed_scaling_factor: float = 1.0
+    hidden_act: str = "silu"
+    attn_res_block_size: int | None = 2
+    num_nextn_predict_layers: int = 1
+    max_position_embeddings: int = 4096
+
+    def __post_init__(self) -> None:
+        self.kda_layers = list(self.kda_layers)
+        self.validate()
+
+    @property
+    def full_attn_layers(self) -> list[int]:
+        """1-based indices of the MLA layers."""
+        return [i for i in range(1, self.num_hidden_layers + 1) if i not in self.kda_layers]
+
+    @property
+    def has_mla(self) -> bool:
+        return bool(self.full_attn_layers)
+
+    def validate(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise _bad("architecture", self.architecture, ", ".join(ARCHITECTURES))
+        if self.dtype not in DTYPES:
+            raise _bad("dtype", self.dtype, ", ".join(DTYPES))
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise _bad(
+                "hidden_act", self.hidden_act, "silu (SiTU has no unquantized CPU MoE backend in vLLM 0.32)"
+            )
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "kda_num_heads",
+            "kda_head_dim", "num_attention_heads", "qk_nope_head_dim", "v_head_dim", "moe_intermediate_size",
+            "max_position_embeddings", "short_conv_kernel_size", "num_experts_per_token",
+        ):
+            if getattr(self, name) <= 0:
+                raise _bad(name, getattr(self, name), "a positive integer")
+        bad_layers = [i for i in self.kda_layers if not 1 <= i <= self.num_hidden_layers]
+        if bad_layers or len(set(self.kda_layers)) != len(self.kda_layers):
+            raise _bad("kda_layers", self.kda_layers, f"distinct 1-based indices in 1..{self.num_hidden_layers}")
+        if self.has_mla and self.kv_lora_rank != CPU_MLA_KV_LORA_RANK:
+            raise _bad("kv_lora_rank", self.kv_lora_rank, f"{CPU_MLA_KV_LORA_RANK} (vLLM-CPU MLA decode kernel)")
+        if self.has_mla and self.qk_rope_head_dim != CPU_MLA_ROPE_DIM:
+            raise _bad(
+                "qk_rope_head_dim", self.qk_rope_head_dim, f"{CPU_MLA_ROPE_DIM} (vLLM-CPU MLA decode kernel)"
+            )
+        if self.num_experts is not None and not 1 <= self.num_experts_per_token <= self.num_experts:
+            raise _bad("num_experts_per_token", self.num_experts_per_token, f"1..num_experts={self.num_experts}")
+        if self.gate_lower_bound is not None and not -5.0 <= self.gate_lower_bound < 0:
+            raise _bad("gate_lower_bound", self.gate_lower_bound, "null or a value in [-5, 0)")
+        if self.num_nextn_predict_layers not in (0, 1):
+            raise _bad("num_nextn_predict_layers", self.num_nextn_predict_layers, "0 or 1")
+        if self.num_nextn_predict_layers and self.architecture != "KimiK3ForConditionalGeneration":
+            raise _bad(
+                "num_nextn_predict_layers", self.num_nextn_predict_layers,
+                "0 unless architecture is KimiK3ForConditionalGeneration (vLLM wires MTP only for kimi_k3)",
+            )
+        if self.attn_res_block_size is not None and self.attn_res_block_size <= 0:
+            raise _bad("attn_res_block_size", self.attn_res_block_size, "null or a positive integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        """Build from a plain mapping (e.g. a Hydra node), naming unknown fields."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"ModelConfig: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        return cls(**values)
+
+
+def register_configs(cs: Any) -> None:
+    """Register the schema with Hydra's ConfigStore as `model/k3_model_schema`."""
+    cs.store(group="model", name="k3_model_schema", node=ModelConfig)

@@ -1,0 +1,249 @@
+"""KDA kernels of vLLM's K3 / Kimi-Linear layers, replaced by the project's PyTorch KDA (opts.kda_overlap).
+
+Replaces the Triton-only `chunk_kda_with_fused_gate`, `fused_recurrent_kda` and
+`fused_recurrent_kda_packed_decode` (vllm/models/kimi_k3/nvidia/ops/third_party/kda) with
+vLLM's calling conventions kept:
+
+- the recurrent state cache is [slots, H, dv, dk] fp32 (ours is [.., dk, dv]: transposed here);
+- the gate arrives raw: g = lower_bound·σ(e^A·(raw+dt_bias)) with a lower bound, else
+  −e^A·softplus(raw+dt_bias); β arrives as a logit;
+- q and k are L2-normalised here (x / sqrt(Σx² + 1e-6), the kernels' rule);
+- slot index ≤ 0 is the null block: its rows output zeros and no state is written;
+- speculative rows start from slot `state_indices[n, num_accepted[n]-1]` and write the state after
+  token t into slot `state_indices[n, t]`.
+
+The math itself is `KDA_IMPL` (prefill = chunked, verify = recurrent with per-position states):
+one object, so a toggle can swap it with `use_kda_impl`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+L2_EPS = 1e-6
+SOFTPLUS_THRESHOLD = 20.0
+
+
+@dataclass(frozen=True)
+class KDAImpl:
+    """The KDA math used by the replaced kernels (flash-linear-attention conventions).
+
+    prefill(q, k, v, g, beta, initial_state, cu_seqlens) -> (o [1,T,H,dv], final_state [N,H,dk,dv])
+    verify(q, k, v, g, beta, initial_state) -> (o [1,T,H,dv], states [1,T,H,dk,dv]) for one sequence
+    """
+
+    name: str
+    prefill: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    verify: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def naive_impl() -> KDAImpl:
+    from opts.kda_overlap import naive
+
+    def prefill(q, k, v, g, beta, initial_state, cu_seqlens):
+        return naive.chunk_kda(
+            q, k, v, g, beta, initial_state=initial_state, output_final_state=True, cu_seqlens=cu_seqlens
+        )
+
+    def verify(q, k, v, g, beta, initial_state):
+        return naive.recurrent_kda_states(q, k, v, g, beta, initial_state=initial_state)
+
+    return KDAImpl("naive", prefill, verify)
+
+
+_impl: KDAImpl | None = None
+
+
+def kda_impl() -> KDAImpl:
+    global _impl
+    if _impl is None:
+        _impl = naive_impl()
+    return _impl
+
+
+def use_kda_impl(impl: KDAImpl) -> None:
+    """Swap the KDA math behind every replaced kernel in this process."""
+    global _impl
+    _impl = impl
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def activate_gate(
+    raw_g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None, lower_bound: float | None
+) -> torch.Tensor:
+    """Per-key-channel log decay from the raw gate [.., T, H, D]."""
+    g = raw_g.float()
+    if dt_bias is not None:
+        g = g + dt_bias.float().view(g.shape[-2], g.shape[-1])
+    a = A_log.float().exp().view(-1, 1)
+    if lower_bound is not None:
+        return lower_bound * torch.sigmoid(a * g)
+    return -a * F.softplus(g, threshold=SOFTPLUS_THRESHOLD)
+
+
+def to_ours(state: torch.Tensor) -> torch.Tensor:
+    """vLLM [.., dv, dk] -> ours [.., dk, dv] (fp32)."""
+    return state.float().transpose(-1, -2)
+
+
+def to_vllm(state: torch.Tensor) -> torch.Tensor:
+    return state.transpose(-1, -2)
+
+
+def chunk_kda_with_fused_gate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    raw_g: torch.Tensor,
+    raw_beta: torch.Tensor,
+    A_log: torch.Tensor,
+    g_bias: torch.Tensor | None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    lower_bound: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked KDA prefill over packed sequences (q,k,v [1,T,H,D]); states in vLLM layout."""
+    if scale is not None and scale != q.shape[-1] ** -0.5:
+        raise NotImplementedError(f"chunk_kda_with_fused_gate: only scale=dk**-0.5 is supported, got {scale}")
+    if use_qk_l2norm_in_kernel:
+        q, k = l2_normalize(q), l2_normalize(k)
+    g = activate_gate(raw_g, A_log, g_bias, lower_bound)
+    beta = torch.sigmoid(raw_beta.float())
+    num_seqs = 1 if cu_seqlens is None else cu_seqlens.numel() - 1
+    h0 = (
+        torch.zeros(num_seqs, q.shape[2], q.shape[3], v.shape[3], dtype=torch.float32, device=q.device)
+        if initial_state is None
+        else to_ours(initial_state)
+    )
+    o, final = kda_impl().prefill(q.float(), k.float(), v.float(), g, beta, h0, cu_seqlens)
+    if out is None:
+        out = torch.empty_like(v)
+    out.copy_(o.to(out.dtype))
+    return out, (to_vllm(final).contiguous() if output_final_state else None)
+
+
+def _token_slots(state_indices: torch.Tensor) -> torch.Tensor:
+    return state_indices if state_indices.ndim == 2 else state_indices.view(-1, 1)
+
+
+def fused_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    raw_g: torch.Tensor,
+    raw_beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    lower_bound: float | None,
+    initial_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    fuse_gate: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token KDA (speculative verification): reads and writes the paged state cache in place."""
+    if out is None:
+        out = torch.empty_like(v)
+    q, k = l2_normalize(q), l2_normalize(k)
+    g = activate_gate(raw_g, A_log, dt_bias, lower_bound)
+    beta = torch.sigmoid(raw_beta.float())
+    slots = _token_slots(ssm_state_indices).tolist()
+    bounds = cu_seqlens.tolist()
+    accepted = num_accepted_tokens.tolist() if num_accepted_tokens is not None else None
+    impl = kda_impl()
+    for n in range(len(bounds) - 1):
+        bos, eos = bounds[n], bounds[n + 1]
+        if eos == bos:
+            continue
+        src = slots[n][accepted[n] - 1 if accepted is not None else 0]
+        if src <= 0:
+            out[:, bos] = 0
+            continue
+        rows = slice(bos, eos)
+        o, states = impl.verify(
+            q[:, rows], k[:, rows], v[:, rows].float(), g[:, rows], beta[:, rows], to_ours(initial_state[src : src + 1])
+        )
+        out[:, rows] = o.to(out.dtype)
+        for t in range(eos - bos):
+            dst = slots[n][t]
+            if dst > 0:
+                initial_state[dst] = to_vllm(states[0, t]).to(initial_state.dtype)
+    return out, initial_state
+
+
+def fused_recurrent_kda_packed_decode(
+    mixed_qkv: torch.Tensor,
+    raw_g: torch.Tensor,
+    raw_beta: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    lower_bound: float | None,
+    initial_state: torch.Tensor,
+    state_indices: torch.Tensor,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-token KDA decode for a batch of sequences from packed post-conv [q|k|v] rows."""
+    _, H, V, K = initial_state.shape
+    B = mixed_qkv.shape[0]
+    if scale is not None and scale != K**-0.5:
+        raise NotImplementedError(f"fused_recurrent_kda_packed_decode: only scale=dk**-0.5, got {scale}")
+    if out is None:
+        out = torch.empty((1, B, H, V), dtype=mixed_qkv.dtype, device=mixed_qkv.device)
+    q, k, v = mixed_qkv.split([H * K, H * K, H * V], dim=-1)
+    live = (state_indices > 0).nonzero().flatten()
+    out[0, (state_indices <= 0)] = 0
+    if live.numel() == 0:
+        return out, initial_state
+    slots = state_indices[live].long()
+    # Each live sequence becomes one batch row of length 1.
+    qb = l2_normalize(q[live].view(-1, 1, H, K))
+    kb = l2_normalize(k[live].view(-1, 1, H, K))
+    vb = v[live].view(-1, 1, H, V).float()
+    g = activate_gate(raw_g[0, live].view(-1, 1, H, K), A_log, dt_bias, lower_bound)
+    beta = torch.sigmoid(raw_beta[0, live].float()).view(-1, 1, H)
+    o, states = kda_impl().verify(qb, kb, vb, g, beta, to_ours(initial_state[slots]))
+    out[0, live] = o[:, 0].to(out.dtype)
+    initial_state[slots] = to_vllm(states[:, 0]).to(initial_state.dtype)
+    return out, initial_state
+
+
+def gather_initial_states(
+    state: torch.Tensor, indices: torch.Tensor, has_initial_state: torch.Tensor
+) -> torch.Tensor:
+    """Dense copy of `state[indices]`, zero rows where `has_initial_state` is False (S3)."""
+    rows = state[indices.long()]
+    return torch.where(has_initial_state.view(-1, *([1] * (rows.ndim - 1))), rows, torch.zeros_like(rows))
+
+
+MIXED_STEP_COUNTER = "kda_mixed_prefill_verify_calls"
+K3_FORWARD = "vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward"
+
+
+def observe_mixed_steps(self, *args, **kwargs):
+    """K3 KDA layer forward, counting calls whose step holds prefill rows and speculative rows together
+    (the steps `kda_overlap` acts on)."""
+    from vllm.forward_context import get_forward_context
+
+    from ablations.backends.vllm.counters import count
+    from ablations.backends.vllm.cpu.patching import original
+
+    metadata = get_forward_context().attn_metadata
+    m = metadata.get(self.prefix) if isinstance(metadata, dict) else None
+    if m is not None and m.num_spec_decodes > 0 and m.num_prefills > 0:
+        count(MIXED_STEP_COUNTER)
+    return original(K3_FORWARD)(self, *args, **kwargs)

@@ -1,0 +1,226 @@
+"""Engine settings for the tiny K3 model on vLLM: engine kwargs, server flags, process environment, and an LLM.
+
+One `EngineConfig` gives the same engine to `vllm.LLM` (offline, `open_llm`) and to the OpenAI
+server (`server.py`). The plugin (entry point `k3_ablate`) is loaded by vLLM itself in every process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ablations.backends.vllm.config import ModelConfig
+from ablations.backends.vllm.cpu.loader import LOAD_FORMAT
+from ablations.backends.vllm.runtime import hide_media_wheels, vllm_process_env
+from ablations.backends.vllm.tiny_model import write_model_dir
+
+DEFAULT_MODEL_DIR = Path(os.environ.get("K3_ABLATE_MODEL_DIR", Path.home() / ".cache" / "k3-ablate" / "models"))
+SPEC_METHODS = ("mtp", "ngram")
+REJECTION_METHODS = ("standard", "synthetic")
+
+
+def _bad(name: str, value: Any, valid: str) -> ValueError:
+    return ValueError(f"EngineConfig.{name}: invalid value {value!r}; valid: {valid}")
+
+
+@dataclass
+class EngineConfig:
+    """One vLLM engine over a tiny K3-family model.
+
+    `model_dir` empty: `<K3_ABLATE_MODEL_DIR or ~/.cache/k3-ablate/models>/<model.name>-<digest>`.
+    `num_speculative_tokens` 0 turns speculation off. `kv_cache_gib` sizes the CPU KV cache.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    model_dir: str = ""
+    max_model_len: int = 2048
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = True
+    num_speculative_tokens: int = 0
+    spec_method: str = "mtp"
+    rejection_sample_method: str = "standard"
+    synthetic_acceptance_rates: list[float] | None = None
+    kv_cache_gib: int = 1
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+    multiprocess: bool = True
+    log_stats: bool = True
+    additional_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            self.model = ModelConfig.from_dict(self.model)
+        for name in ("max_model_len", "max_num_seqs", "kv_cache_gib"):
+            if getattr(self, name) <= 0:
+                raise _bad(name, getattr(self, name), "a positive integer")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
+            raise _bad("max_num_batched_tokens", self.max_num_batched_tokens, "null or a positive integer")
+        budget = self.max_num_batched_tokens or self.max_model_len
+        if not self.enable_chunked_prefill and budget < self.max_model_len:
+            raise _bad("max_num_batched_tokens", budget, ">= max_model_len without chunked prefill")
+        if self.num_speculative_tokens < 0:
+            raise _bad("num_speculative_tokens", self.num_speculative_tokens, "0 (off) or a positive integer")
+        if self.spec_method not in SPEC_METHODS:
+            raise _bad("spec_method", self.spec_method, ", ".join(SPEC_METHODS))
+        if self.num_speculative_tokens and self.spec_method == "mtp" and not self.model.num_nextn_predict_layers:
+            raise _bad("spec_method", "mtp", "ngram, or a model with num_nextn_predict_layers=1")
+        if self.rejection_sample_method not in REJECTION_METHODS:
+            raise _bad("rejection_sample_method", self.rejection_sample_method, ", ".join(REJECTION_METHODS))
+        rates = self.synthetic_acceptance_rates
+        if (rates is not None) != (self.rejection_sample_method == "synthetic"):
+            raise _bad("synthetic_acceptance_rates", rates, "a list exactly when rejection_sample_method=synthetic")
+        if rates is not None and (
+            len(rates) != self.num_speculative_tokens
+            or any(not 0 <= r <= 1 for r in rates)
+            or any(b > a for a, b in itertools.pairwise(rates))
+        ):
+            raise _bad(
+                "synthetic_acceptance_rates", rates,
+                f"{self.num_speculative_tokens} non-increasing values in [0, 1] (one per draft position)",
+            )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"EngineConfig: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def resolved_model_dir(self) -> Path:
+        if self.model_dir:
+            return Path(self.model_dir)
+        from ablations.backends.vllm.tiny_model import config_digest
+
+        return DEFAULT_MODEL_DIR / f"{self.model.name}-{config_digest(self.model)}"
+
+    def ensure_model_dir(self) -> Path:
+        """Write the model directory if it is missing or stale; returns it."""
+        return write_model_dir(self.model, self.resolved_model_dir())
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        if not self.num_speculative_tokens:
+            return None
+        spec: dict[str, Any] = {"method": self.spec_method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.spec_method == "ngram":
+            spec.update(prompt_lookup_min=2, prompt_lookup_max=4)
+        if self.rejection_sample_method == "synthetic":
+            rates = list(self.synthetic_acceptance_rates or [])
+            spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=rates)
+        return spec
+
+
+def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM` / `EngineArgs` for `cfg` (the model dir must exist)."""
+    kwargs: dict[str, Any] = dict(
+        model=str(cfg.resolved_model_dir()),
+        load_format=LOAD_FORMAT,
+        model_loader_extra_config={"seed": cfg.model.seed},
+        dtype=cfg.model.dtype,
+        enforce_eager=True,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        enable_chunked_prefill=cfg.enable_chunked_prefill,
+        seed=cfg.seed,
+        skip_tokenizer_init=cfg.skip_tokenizer_init,
+        disable_log_stats=not cfg.log_stats,
+    )
+    if cfg.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    if cfg.model.architecture == "KimiK3ForConditionalGeneration":
+        kwargs["limit_mm_per_prompt"] = {"image": 0}
+    spec = cfg.speculative_config()
+    if spec is not None:
+        kwargs["speculative_config"] = spec
+    if cfg.additional_config:
+        kwargs["additional_config"] = dict(cfg.additional_config)
+    return kwargs
+
+
+def server_args(cfg: EngineConfig) -> list[str]:
+    """The OpenAI server's command-line flags for `cfg`."""
+    kw = engine_kwargs(cfg)
+    args = [
+        "--model", kw.pop("model"),
+        "--load-format", kw.pop("load_format"),
+        "--model-loader-extra-config", json.dumps(kw.pop("model_loader_extra_config")),
+        "--dtype", kw.pop("dtype"),
+        "--max-model-len", str(kw.pop("max_model_len")),
+        "--max-num-seqs", str(kw.pop("max_num_seqs")),
+        "--seed", str(kw.pop("seed")),
+        "--enforce-eager" if kw.pop("enforce_eager") else "--no-enforce-eager",
+        "--enable-prefix-caching" if kw.pop("enable_prefix_caching") else "--no-enable-prefix-caching",
+        "--enable-chunked-prefill" if kw.pop("enable_chunked_prefill") else "--no-enable-chunked-prefill",
+    ]
+    if kw.pop("skip_tokenizer_init"):
+        args.append("--skip-tokenizer-init")
+    if kw.pop("disable_log_stats"):
+        args.append("--disable-log-stats")
+    if "max_num_batched_tokens" in kw:
+        args += ["--max-num-batched-tokens", str(kw.pop("max_num_batched_tokens"))]
+    for name, flag in (
+        ("limit_mm_per_prompt", "--limit-mm-per-prompt"),
+        ("speculative_config", "--speculative-config"),
+        ("additional_config", "--additional-config"),
+    ):
+        if name in kw:
+            args += [flag, json.dumps(kw.pop(name))]
+    if kw:
+        raise AssertionError(f"server_args: engine kwargs without a server flag: {sorted(kw)}")
+    return args
+
+
+def engine_env(cfg: EngineConfig) -> dict[str, str]:
+    """Environment entries a vLLM process for `cfg` needs (on top of the hiding in `vllm_process_env`)."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if cfg.multiprocess else "0",
+    }
+
+
+def process_env(cfg: EngineConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Full environment for a child process (e.g. the OpenAI server) serving `cfg`."""
+    env = vllm_process_env(base)
+    env.update(engine_env(cfg))
+    return env
+
+
+def build_llm(cfg: EngineConfig):
+    """A `vllm.LLM` for `cfg` in this process (writes the model dir if needed)."""
+    cfg.ensure_model_dir()
+    os.environ.update(engine_env(cfg))
+    hide_media_wheels()
+    from vllm import LLM
+
+    return LLM(**engine_kwargs(cfg))
+
+
+def shutdown_llm(llm) -> None:
+    """Stop the engine's background processes now (not at interpreter exit)."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    gc.collect()
+
+
+@contextlib.contextmanager
+def open_llm(cfg: EngineConfig) -> Iterator[Any]:
+    """`with open_llm(cfg) as llm:` an engine that is shut down on exit."""
+    llm = build_llm(cfg)
+    try:
+        yield llm
+    finally:
+        shutdown_llm(llm)
+        del llm
+        gc.collect()

@@ -1,0 +1,24 @@
+"""Every kernel the plugin replaces is actually called in the e2e runs (counts from every vLLM process)."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_pool import random_prompts
+
+from ablations.backends.vllm.counters import read_counts
+from ablations.backends.vllm.cpu import REPLACED_KERNELS
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = random_prompts(16, seed=0)
+
+
+def test_every_replaced_kernel_was_called(pool, counter_dir):
+    for engine in ("base", "cached", "mtp"):
+        pool.generate(engine, PROMPTS)
+    pool.generate("mtp", PROMPTS[:4], temperature=1.0)
+    pool.close()
+    counts = read_counts(counter_dir)
+    print("replaced-kernel calls:", counts)
+    missing = [name for name in REPLACED_KERNELS if counts.get(name, 0) == 0]
+    assert not missing, f"replaced kernels never called: {missing}; counts {counts}"

@@ -1,0 +1,85 @@
+"""Model and engine configs: validation names field, value and choices; the generator; server flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ablations.backends.vllm.config import ModelConfig
+from ablations.backends.vllm.engine import EngineConfig, engine_kwargs, server_args
+from ablations.backends.vllm.tiny_model import STAMP_FILE, tokenizer_vocab, write_model_dir
+
+
+@pytest.mark.parametrize(("field", "value", "hint"), [
+    ("architecture", "Llama", "KimiK3ForConditionalGeneration"),
+    ("dtype", "float16", "bfloat16"),
+    ("kda_layers", [0, 2], "1-based"),
+    ("kv_lora_rank", 256, "512"),
+    ("hidden_act", "situ", "silu"),
+    ("num_experts_per_token", 9, "1..num_experts"),
+])
+def test_bad_model_values_are_named(field, value, hint):
+    with pytest.raises(ValueError) as err:
+        ModelConfig(**{field: value})
+    text = str(err.value)
+    assert f"ModelConfig.{field}" in text and repr(value) in text and hint in text
+
+
+def test_unknown_model_field_is_named():
+    with pytest.raises(ValueError, match="kda_layer"):
+        ModelConfig.from_dict({"kda_layer": [1]})
+
+
+def test_default_model_mixes_kda_and_mla():
+    cfg = ModelConfig()
+    assert cfg.kda_layers == [1, 3] and cfg.full_attn_layers == [2, 4] and cfg.num_nextn_predict_layers == 1
+
+
+def test_generator_writes_k3_wrapper_dir_and_refreshes_on_change(tmp_path):
+    path = write_model_dir(ModelConfig(), tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["KimiK3ForConditionalGeneration"]
+    text = config["text_config"]
+    assert text["linear_attn_config"]["kda_layers"] == [1, 3] and text["linear_attn_config"]["use_full_rank_gate"]
+    assert text["routed_expert_hidden_size"] == 128 and text["num_nextn_predict_layers"] == 1
+    assert (path / "tokenizer.json").exists() and (path / "preprocessor_config.json").exists()
+    stamp = (path / STAMP_FILE).read_text()
+    write_model_dir(ModelConfig(), path)
+    assert (path / STAMP_FILE).read_text() == stamp
+    write_model_dir(ModelConfig(kda_layers=[1, 2, 3]), path)
+    text = json.loads((path / "config.json").read_text())["text_config"]
+    assert text["linear_attn_config"]["kda_layers"] == [1, 2, 3]
+
+
+def test_tokenizer_covers_every_model_id(tmp_path):
+    from tokenizers import Tokenizer
+
+    path = write_model_dir(ModelConfig(), tmp_path / "m")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    assert tok.get_vocab_size() == len(tokenizer_vocab(1024)) == 1024
+    ids = tok.encode("Hello, K3!").ids
+    assert tok.decode(ids) == "Hello, K3!"
+
+
+@pytest.mark.parametrize(("values", "field"), [
+    ({"num_speculative_tokens": -1}, "num_speculative_tokens"),
+    ({"spec_method": "eagle"}, "spec_method"),
+    ({"num_speculative_tokens": 2, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.5, 0.9]},
+     "synthetic_acceptance_rates"),
+    ({"synthetic_acceptance_rates": [1.0]}, "synthetic_acceptance_rates"),
+    ({"num_speculative_tokens": 1, "model": ModelConfig(num_nextn_predict_layers=0)}, "spec_method"),
+])
+def test_bad_engine_values_are_named(values, field):
+    with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
+        EngineConfig(**values)
+
+
+def test_server_flags_cover_every_engine_argument(tmp_path):
+    cfg = EngineConfig(model_dir=str(tmp_path), enable_prefix_caching=True, num_speculative_tokens=2,
+                       max_num_batched_tokens=64)
+    kwargs, args = engine_kwargs(cfg), server_args(cfg)
+    assert kwargs["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert json.loads(args[args.index("--speculative-config") + 1]) == kwargs["speculative_config"]
+    assert "--enable-prefix-caching" in args and args[args.index("--max-num-batched-tokens") + 1] == "64"
+    assert kwargs["load_format"] == "k3_fan_in" and kwargs["limit_mm_per_prompt"] == {"image": 0}
