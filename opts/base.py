@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+
+def check_known_fields(cls: type, names: Iterable[str], where: str | None = None) -> None:
+    """Raise ValueError naming every one of `names` that is not a field of dataclass `cls`, and the valid ones."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"{where or cls.__name__}: unknown field(s) {', '.join(unknown)}; "
+                         f"valid fields: {', '.join(sorted(known))}")
 
 
 @dataclass(frozen=True)
@@ -27,12 +36,7 @@ class ToggleConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ToggleConfig:
         """Build from a plain mapping (e.g. a Hydra node), naming any unknown field and the valid ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(known))}"
-            )
+        check_known_fields(cls, values)
         return cls(**values)
 
 

@@ -11,6 +11,7 @@ from ablations.workload.io import read_trace
 from ablations.workload.presets import PRESETS, preset
 from ablations.workload.schedule import START_MODES, ClosedLoopSchedule, OpenLoopSchedule, Schedule
 from ablations.workload.trace import Trace
+from opts.base import check_known_fields
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEDULES = ("closed", "open")
@@ -79,10 +80,7 @@ class WorkloadConfig:
                 if not isinstance(value, dict):
                     raise ValueError(f"WorkloadConfig.generator.{name}: expected a mapping of "
                                      f"{', '.join(f.name for f in fields(LogNormal))}, got {value!r}")
-                unknown = sorted(set(value) - {f.name for f in fields(LogNormal)})
-                if unknown:
-                    raise ValueError(f"WorkloadConfig.generator.{name}: unknown field(s) {', '.join(unknown)}; "
-                                     f"valid: {', '.join(f.name for f in fields(LogNormal))}")
+                check_known_fields(LogNormal, value, f"WorkloadConfig.generator.{name}")
                 value = LogNormal(**{**current.__dict__, **value})
             values[name] = value
         return base.with_overrides(**values)
@@ -97,10 +95,7 @@ def _as_config(cfg: Any) -> WorkloadConfig:
         cfg = OmegaConf.to_container(cfg, resolve=True)
     if not isinstance(cfg, dict):
         raise TypeError(f"workload config: expected a WorkloadConfig or a mapping, got {type(cfg).__name__}")
-    known = {f.name for f in fields(WorkloadConfig)}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ValueError(f"WorkloadConfig: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    check_known_fields(WorkloadConfig, cfg)
     return WorkloadConfig(**cfg)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from ablations.workload.schedule import ClosedLoopSchedule, simulate
 from ablations.workload.trace import Request, Trace
+from opts.base import check_known_fields
 
 FORK_POINTS = ("first_prompt", "spawn_point")
 
@@ -122,11 +123,7 @@ class GeneratorConfig:
 
     def with_overrides(self, **values: Any) -> GeneratorConfig:
         """A copy with some fields replaced (unknown names are an error naming the valid ones)."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"GeneratorConfig: unknown field(s) {', '.join(unknown)}; "
-                             f"valid: {', '.join(sorted(known))}")
+        check_known_fields(GeneratorConfig, values)
         return replace(self, **values)
 
 

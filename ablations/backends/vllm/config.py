@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from opts.base import check_known_fields
 
 ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")
 DTYPES = ("float32", "bfloat16")
@@ -116,10 +118,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
         """Build from a plain mapping (e.g. a Hydra node), naming unknown fields."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"ModelConfig: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        check_known_fields(cls, values)
         return cls(**values)
 
 

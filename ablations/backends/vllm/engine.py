@@ -12,7 +12,7 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from ablations.backends.vllm.config import ModelConfig
 from ablations.backends.vllm.cpu.loader import LOAD_FORMAT
 from ablations.backends.vllm.runtime import hide_media_wheels, vllm_process_env
 from ablations.backends.vllm.tiny_model import write_model_dir
+from opts.base import check_known_fields
 
 DEFAULT_MODEL_DIR = Path(os.environ.get("K3_ABLATE_MODEL_DIR", Path.home() / ".cache" / "k3-ablate" / "models"))
 SPEC_METHODS = ("mtp", "ngram")
@@ -90,10 +91,7 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"EngineConfig: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        check_known_fields(cls, values)
         return cls(**values)
 
     def resolved_model_dir(self) -> Path:

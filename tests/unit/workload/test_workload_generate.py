@@ -122,7 +122,7 @@ def test_generating_and_analysing_agentx_takes_under_a_minute():
 
 
 def test_generator_config_errors_name_the_field():
-    with pytest.raises(ValueError, match=r"GeneratorConfig: unknown field\(s\) sessions; valid: "):
+    with pytest.raises(ValueError, match=r"GeneratorConfig: unknown field\(s\) sessions; valid fields: "):
         preset("agentx").with_overrides(sessions=3)
     with pytest.raises(ValueError, match=r"GeneratorConfig.num_sessions: 0 is not an integer >= 1"):
         preset("agentx").with_overrides(num_sessions=0)

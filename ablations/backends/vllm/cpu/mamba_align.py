@@ -19,6 +19,7 @@ override registry like the platform's other CPU kernels.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 
 import torch
 
@@ -71,6 +72,14 @@ def copy_state_block(
     ctypes.memmove(dst, src, inner * elem)
 
 
+def _rows(num_reqs: int, idx_mapping: torch.Tensor, has_idx_mapping: bool) -> Iterator[int]:
+    """The persistent-batch rows of the scheduled requests (negative = padding, skipped)."""
+    for batch in range(int(num_reqs)):
+        row = int(idx_mapping[batch]) if has_idx_mapping else batch
+        if row >= 0:
+            yield row
+
+
 def postprocess_mamba_fused_kernel(
     num_accepted_tokens, mamba_state_idx, num_scheduled_tokens, num_computed_tokens, num_draft_tokens,
     block_table_ptrs, block_table_stride_req, state_base_addrs, state_block_strides, state_elem_sizes,
@@ -83,10 +92,7 @@ def postprocess_mamba_fused_kernel(
         state_inner_sizes, state_conv_widths, state_group_indices, state_dim_row_count, state_dim_row_stride,
         bool(CONV_STATE_DIM_FIRST),
     )
-    for batch in range(int(num_reqs)):
-        row = int(idx_mapping[batch]) if HAS_IDX_MAPPING else batch
-        if row < 0:
-            continue
+    for row in _rows(num_reqs, idx_mapping, HAS_IDX_MAPPING):
         accepted = int(num_accepted_tokens[row])
         src_col = int(mamba_state_idx[row])
         if PRECOMPUTED_NEW_COMPUTED:
@@ -119,10 +125,7 @@ def precopy_mamba_align_fused_kernel(
         state_inner_sizes, state_conv_widths, state_group_indices, state_dim_row_count, state_dim_row_stride,
         bool(CONV_STATE_DIM_FIRST),
     )
-    for batch in range(int(num_reqs)):
-        row = int(idx_mapping[batch]) if HAS_IDX_MAPPING else batch
-        if row < 0:
-            continue
+    for row in _rows(num_reqs, idx_mapping, HAS_IDX_MAPPING):
         src, dst = int(src_col[row]), int(mamba_state_idx[row])
         if src < 0 or src == dst:
             continue
