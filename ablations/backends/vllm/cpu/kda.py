@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from opts.fusion.naive import kda_gate as activate_gate
 
 L2_EPS = 1e-6
-SOFTPLUS_THRESHOLD = 20.0
 
 
 @dataclass(frozen=True)
@@ -74,19 +74,6 @@ def use_kda_impl(impl: KDAImpl) -> None:
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     x = x.float()
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
-
-
-def activate_gate(
-    raw_g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None, lower_bound: float | None
-) -> torch.Tensor:
-    """Per-key-channel log decay from the raw gate [.., T, H, D]."""
-    g = raw_g.float()
-    if dt_bias is not None:
-        g = g + dt_bias.float().view(g.shape[-2], g.shape[-1])
-    a = A_log.float().exp().view(-1, 1)
-    if lower_bound is not None:
-        return lower_bound * torch.sigmoid(a * g)
-    return -a * F.softplus(g, threshold=SOFTPLUS_THRESHOLD)
 
 
 def to_ours(state: torch.Tensor) -> torch.Tensor:
