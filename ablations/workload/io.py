@@ -8,16 +8,21 @@ One JSON object per line. The timed_trace form has exactly Mooncake's fields plu
 MooncakeTrace model (extra="allow", never read) both ignore. The session form adds, per row, `session`
 (str), `turn` (int from 0), `think_ms` and, on every row of a sub-agent session, `parent_session` and
 `parent_turn`; it is still a valid timed_trace file. Unknown keys are an error, so nothing is dropped.
+A name ending in `.gz` is read and written gzip-compressed.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
+from ablations.workload.paths import file_problem, output_problem, resolve_path
 from ablations.workload.trace import DEFAULT_BLOCK_SIZE, Request, Trace, TraceError, where
 
 TIMED_TRACE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -26,18 +31,42 @@ KNOWN_FIELDS = (*TIMED_TRACE_FIELDS, "block_size", *SESSION_FIELDS)
 FORMATS = ("timed_trace", "session")
 
 
+def _open(path: Path) -> TextIO:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _bad_json(err: json.JSONDecodeError, text: str) -> str:
+    place = "column" if err.msg.endswith(" at") else "at column"
+    cut = "" if text.endswith("\n") else "; the file ends mid-line (truncated?)"
+    return f"bad JSON: {err.msg} {place} {err.colno}{cut}"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    line_no = 0
+    try:
+        with _open(path) as f:
+            for line_no, text in enumerate(f, start=1):
+                yield line_no, text
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        hint = " (truncated?)" if isinstance(err, EOFError) else ""
+        raise TraceError(f"{where(str(path), line_no + 1 if line_no else None)}cannot read: {reason}{hint}") from None
+
+
 def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, text in enumerate(f, start=1):
-            if not text.strip():
-                raise TraceError(f"{where(str(path), line_no)}blank line (vLLM's timed_trace reader fails on it)")
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise TraceError(f"{where(str(path), line_no)}bad JSON: {err.msg} at column {err.colno}") from None
-            if not isinstance(row, dict):
-                raise TraceError(f"{where(str(path), line_no)}expected a JSON object, got {type(row).__name__}")
-            yield line_no, row
+    for line_no, text in _lines(path):
+        here = where(str(path), line_no)
+        if not text.strip():
+            raise TraceError(f"{here}blank line (vLLM's timed_trace reader fails on it)")
+        try:
+            row = json.loads(text.rstrip("\r\n"))
+        except json.JSONDecodeError as err:
+            raise TraceError(f"{here}{_bad_json(err, text)}") from None
+        if not isinstance(row, dict):
+            raise TraceError(f"{here}expected a JSON object, got {type(row).__name__}")
+        yield line_no, row
 
 
 def _request(row: dict[str, Any], line_no: int, source: str) -> Request:
@@ -70,15 +99,17 @@ def _request(row: dict[str, Any], line_no: int, source: str) -> Request:
 
 
 def read_trace(path: str | os.PathLike, *, block_size: int | None = None) -> Trace:
-    """Load a timed_trace or session-form JSONL file (the form is told by the rows' fields).
+    """Load a timed_trace or session-form JSONL file, gzip-compressed if its name ends in `.gz` (the form
+    is told by the rows' fields). `path` may be `pkg://<package>/<file>` (see `paths.resolve_path`).
 
     The block size is the rows' `block_size` field when present (it must be the same on every row),
     else `block_size`, else 512. A `block_size` argument that contradicts the file is an error.
     """
-    path = Path(path)
+    path = resolve_path(path)
     source = str(path)
-    if not path.is_file():
-        raise TraceError(f"{source}: no such file")
+    problem = file_problem(path)
+    if problem:
+        raise TraceError(f"{source}: {problem}")
     requests = []
     file_block_size: int | None = None
     first_line_with_size: int | None = None
@@ -167,9 +198,10 @@ def _row(request: Request, block_size: int, form: str) -> dict[str, Any]:
 
 
 def write_trace(trace: Trace, path: str | os.PathLike, form: str = "session") -> Path:
-    """Write `trace` as `form` ("timed_trace" or "session") JSONL, atomically. Rows stay in trace order,
-    which must have non-decreasing timestamps (the order vLLM and aiperf replay in), and every hash id
-    must name one block size (`check_block_sizes`)."""
+    """Write `trace` as `form` ("timed_trace" or "session") JSONL, atomically; gzip-compressed if the name
+    ends in `.gz`. The parent directory must exist. Rows stay in trace order, which must have non-decreasing
+    timestamps (the order vLLM and aiperf replay in), and every hash id must name one block size
+    (`check_block_sizes`)."""
     if form not in FORMATS:
         raise ValueError(f"form: invalid value {form!r}; valid choices: {', '.join(FORMATS)}")
     if form == "session" and not trace.has_sessions:
@@ -178,11 +210,22 @@ def write_trace(trace: Trace, path: str | os.PathLike, form: str = "session") ->
     check_order(trace)
     check_block_sizes(trace)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    problem = output_problem(path)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for request in trace.requests:
-            f.write(json.dumps(_row(request, trace.block_size, form), separators=(",", ":")))
-            f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as raw, _compressor(raw, path) as out:
+            for request in trace.requests:
+                out.write(json.dumps(_row(request, trace.block_size, form), separators=(",", ":")).encode())
+                out.write(b"\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def _compressor(raw: BinaryIO, path: Path) -> AbstractContextManager[BinaryIO]:
+    if path.name.endswith(".gz"):
+        return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0)
+    return nullcontext(raw)

@@ -1,5 +1,5 @@
-"""On (ROCm with amd-aiter): AITER's `mla_decode_fwd`, the persistent assembly MLA decode vLLM's
-ROCM_AITER_MLA backend calls. UNEXECUTED in this project so far (no ROCm device here): the metadata and
+"""On (ROCm): AITER's `mla_decode_fwd`, the assembly MLA decode vLLM's ROCM_AITER_MLA
+backend calls. UNEXECUTED in this project so far (no ROCm device here): the metadata and
 head padding below are tested on CPU, the kernel call itself is not.
 
 The kernel sees the pool as pages of one token (`kv_buffer` [num_blocks * block_size, 1, 1, 576]),
@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+
+from opts.aiter_mla.mla import K3_TP8, MLAShape, absorbed_decode
 
 AITER_HEAD_MULTIPLE = 16
 
@@ -67,3 +69,13 @@ def latent_attention(q_latent: torch.Tensor, kv_cache: torch.Tensor, block_table
     mla_decode_fwd(q, kv_cache.view(-1, 1, 1, latent_dim), o, meta["qo_indptr"], meta["kv_indptr"],
                    meta["kv_indices"], meta["kv_last_page_lens"], 1, sm_scale=scale)
     return o[:, :heads]
+
+
+def decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+           context_lens: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, *, shape: MLAShape = K3_TP8,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Absorbed MLA decode through AITER's kernel -> [B, H, v_head]. UNEXECUTED (needs ROCm and amd-aiter)."""
+    return absorbed_decode(
+        lambda q_latent, lens: latent_attention(q_latent, kv_cache, block_table, lens, shape.softmax_scale,
+                                                shape.kv_lora_rank),
+        q_nope, q_pe, kv_cache, block_table, context_lens, w_uk, w_uv, shape, out)

@@ -10,14 +10,14 @@ from opts.base import ToggleConfig
 
 @dataclass(frozen=True)
 class AiterMLAConfig(ToggleConfig):
-    """off: the generic gather-then-attend decode. on: the specialized decode, `on_backend` picks which one.
+    """off: the portable paged split-KV decode (`naive.py`). on: the platform's vendor MLA decode kernel.
 
-    on_backend: "auto" (AITER's mla_decode_fwd on ROCm with amd-aiter installed, else split_kv),
-    "split_kv" (the portable PyTorch split-KV decode everywhere) or "aiter" (AITER, an error where absent).
-    tile_tokens / stage_bytes: split_kv's tiling; 0 takes the device default (see split_kv.default_tiling).
+    on_backend: "auto" (vLLM-CPU's mla_decode_kvcache on the CPU, AITER's mla_decode_fwd on ROCm; NVIDIA
+    CUDA has none, an error), "vllm_cpu" or "aiter" (that one, an error where it cannot run).
+    tile_tokens / stage_bytes: off's split-KV tiling; 0 takes the device default (split_kv.default_tiling).
     """
 
-    ON_BACKENDS: ClassVar[tuple[str, ...]] = ("auto", "split_kv", "aiter")
+    ON_BACKENDS: ClassVar[tuple[str, ...]] = ("auto", "vllm_cpu", "aiter")
     on_backend: str = "auto"
     tile_tokens: int = 0
     stage_bytes: int = 0

@@ -1,4 +1,5 @@
-"""On (portable): split-KV latent decode that reads the paged cache where it lies, one pass, tile by tile.
+"""Split-KV latent attention over the paged cache, the algorithm of off (`naive.decode`): read the pages where
+they lie, one pass, tile by tile.
 
 Each request's context is cut into tiles of whole blocks. A wave of tiles (from any requests) is fetched
 from its pages into a staging buffer small enough to stay in cache, both matmuls and the softmax pieces
@@ -12,16 +13,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from opts.aiter_mla.mla import (
-    K3_TP8,
-    MLAShape,
-    absorb_query,
-    check_block_ids,
-    check_inputs,
-    check_lengths,
-    up_project,
-)
 
 LOG2_E = math.log2(math.e)
 
@@ -184,17 +175,3 @@ def merge(o: torch.Tensor, m: torch.Tensor, l: torch.Tensor, item_request: torch
     den = torch.zeros(batch, heads, 1, dtype=acc, device=o.device).index_add_(0, item_request, torch.mul(l, weight))
     return num.div_(den)
 
-
-def decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-           context_lens: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, *, shape: MLAShape = K3_TP8,
-           out: torch.Tensor | None = None, tiling: Tiling | None = None) -> torch.Tensor:
-    """Absorbed MLA decode, one query token per request -> [B, H, v_head], written into `out` if given."""
-    check_inputs(shape, q_nope, q_pe, kv_cache, block_table, context_lens, w_uk, w_uv, out)
-    lens = context_lens.tolist()
-    check_lengths(lens, block_table.shape[1], kv_cache.shape[1])
-    tiling = tiling or default_tiling(kv_cache.device.type)
-    split = plan(block_table, lens, kv_cache.shape[1], tiling, shape.latent_dim * kv_cache.element_size())
-    check_block_ids(split.item_blocks, kv_cache.shape[0])
-    q_latent = absorb_query(q_nope, q_pe, w_uk)
-    o_latent = latent_attention(q_latent, kv_cache, split, shape.softmax_scale, shape.kv_lora_rank)
-    return up_project(o_latent, w_uv, out)

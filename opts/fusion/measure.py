@@ -2,10 +2,11 @@
 
 Three independent instruments, used by the tests to check the analytic counts in `traffic.py`:
 - `count_ops` (a TorchDispatchMode): every top-level aten op reads its tensor inputs and writes its outputs;
+  it sees eager ops and allocations only (a compiled pass runs its kernel past the dispatcher);
 - `profile_call` (torch.profiler): top-level data-moving aten ops and compiled kernels, and the bytes the
-  allocator handed out (profile_memory);
+  allocator handed out (profile_memory), compiled passes' buffers included;
 - `inductor_account`: inductor's own account of what its fused nodes read and write, and the intermediate
-  buffers its generated wrapper allocates (the profiler does not see those).
+  buffers its generated wrapper allocates, per compiled body.
 """
 
 from __future__ import annotations

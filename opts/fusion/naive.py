@@ -1,134 +1,112 @@
-"""The off paths: each mechanism as separate passes with intermediate tensors and copies.
+"""The off paths: the stages vLLM runs when the mechanism is not fused, each its own pass.
 
-These are the paths vLLM runs when no fused kernel applies, written with the same stages and the same
-buffers: vLLM's native RMSNorm (`vllm.ir.ops.rms_norm`), `FusedRMSNormGated.forward_native`,
-`causal_conv1d_update_torch`, the packed recurrent decode as torch ops, and the copies between them.
-Nothing here is slowed on purpose: each stage uses the cheapest plain torch form (no full-size temporaries
-where an in-place or batched op exists).
+Each stage is one inductor-compiled pass (`compiled.py`) over its math in `stages.py`, at the compilation
+level of the fused pass, or vLLM-CPU's own kernel where it has one (the conv update, `vllm_kernels.py`).
+Between stages lie the tensors vLLM allocates and the copies it makes (vllm/models/kimi_k3/nvidia/kda.py:
+`packed_conv_out`, the recurrent output, `core_attn_out[...] = o`, `core_attn_out.copy_(o_norm(...))`).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from opts.fusion.checks import check_attn_res, check_kda_decode, check_mla_norm
-from opts.fusion.inputs import AttnResLayer, AttnResStep, KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
+from opts.fusion import stages, vllm_kernels
+from opts.fusion.checks import check_kda_decode, check_mla_norm
+from opts.fusion.compiled import compiled
+from opts.fusion.inputs import KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
+from opts.fusion.stages import kda_gate
 
-L2_NORM_EPS = 1e-6   # inside the square root, as K3's decode kernels normalise q and k
+__all__ = ["CONV_BACKENDS", "causal_conv_update", "conv_backend", "gated_rms_norm", "kda_decode_unfused", "kda_gate",
+           "kda_recurrent_decode", "mla_norm_unfused", "rms_norm"]
 
-
-def rms_norm_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim as vLLM's native implementation runs it, one torch op per stage."""
-    orig_dtype = x.dtype
-    x = x.to(torch.float32)
-    variance = x.pow(2).mean(dim=-1, keepdim=True)
-    x = x * torch.rsqrt(variance + eps)
-    x = x.to(weight.dtype) * weight
-    return x.to(orig_dtype)
+CONV_BACKENDS = ("vllm", "inductor")
 
 
-def gated_rms_norm_native(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm(x) * weight * sigmoid(gate), as `FusedRMSNormGated.forward_native` (activation "sigmoid")."""
-    x_float = x.float()
-    variance = x_float.pow(2).mean(dim=-1, keepdim=True)
-    x_normed = x_float * torch.rsqrt(variance + eps)
-    x_normed = x_normed * weight.float()
-    out = x_normed * torch.sigmoid(gate.float())
-    return out.to(x.dtype)
+def _rms_norm_body(x, weight, out, eps: float):
+    out.copy_(stages.rms_norm(x, weight, eps))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """vLLM's RMSNorm over the last dim as one compiled pass into a new tensor."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    compiled(_rms_norm_body)(x, weight, out, eps)
+    return out
 
 
 def mla_norm_unfused(layer: MlaNormLayer, qkv_lora: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split the q_a/kv_a projection output and normalise q and kv with two separate RMSNorms.
+    """Split the q_a/kv_a projection output and normalise q and kv with two separate RMSNorm passes.
 
     Returns (q normed [N, q_lora], kv normed [N, kv_lora], k_pe view [N, rope]).
     """
     check_mla_norm(layer, qkv_lora)
     q_c, kv_c, k_pe = qkv_lora.split([layer.q_lora_rank, layer.kv_lora_rank, layer.rope_dim], dim=-1)
-    return rms_norm_native(q_c, layer.q_weight, layer.eps), rms_norm_native(kv_c, layer.kv_weight, layer.eps), k_pe
+    return rms_norm(q_c, layer.q_weight, layer.eps), rms_norm(kv_c, layer.kv_weight, layer.eps), k_pe
 
 
-def kda_gate(raw_g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
-             lower_bound: float | None) -> torch.Tensor:
-    """K3's per-channel log decay from the raw gate [..., H, D]: the safe gate lower_bound*sigmoid(e^A (x + b)),
-    or -e^A softplus(x + b) without a lower bound (b = 0 when dt_bias is None). fp32."""
-    heads, dim = raw_g.shape[-2:]
-    x = raw_g.float() if dt_bias is None else raw_g.float() + dt_bias.float().view(heads, dim)
-    a = A_log.float().exp().unsqueeze(-1)
-    if lower_bound is None:
-        return -a * F.softplus(x)
-    return lower_bound * torch.sigmoid(a * x)
+def conv_backend(device: torch.device | str) -> str:
+    """The conv update off runs on `device`: vLLM-CPU's kernel when it can be called, else a compiled pass."""
+    cpu = torch.device(device).type == "cpu"
+    return "vllm" if cpu and vllm_kernels.has_vllm_conv() else "inductor"
+
+
+def _conv_body(x, conv_state, weight, out):
+    out.copy_(stages.conv_silu(x, conv_state, weight))
+    conv_state.copy_(stages.rolled(conv_state, x))
 
 
 def causal_conv_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                       out: torch.Tensor) -> torch.Tensor:
-    """One-token causal depthwise conv + SiLU (`causal_conv1d_update_torch`), rolling conv_state in place.
-
-    x [N, C]; conv_state [N, C, W-1]; weight [C, W]; out [N, C] receives the result (vLLM's packed_conv_out).
-    """
-    state_len = conv_state.shape[-1]
-    x_new = torch.cat([conv_state, x.unsqueeze(-1)], dim=-1).to(weight.dtype)
-    conv_state.copy_(x_new[:, :, -state_len:])
-    y = F.conv1d(x_new, weight.unsqueeze(1), None, padding=0, groups=x.shape[-1])
-    out.copy_(F.silu(y).squeeze(-1))
+                       backend: str = "inductor") -> torch.Tensor:
+    """One-token causal depthwise conv + SiLU into a new [N, C] tensor in x's dtype; conv_state rolled in place."""
+    if backend not in CONV_BACKENDS:
+        raise ValueError(f"conv backend: invalid value {backend!r}; valid choices: {', '.join(CONV_BACKENDS)}")
+    if backend == "vllm":
+        return vllm_kernels.causal_conv1d_update(x, conv_state, weight)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    compiled(_conv_body)(x, conv_state, weight, out)
     return out
 
 
-def kda_recurrent_decode(layer: KdaDecodeLayer, conv_out: torch.Tensor, raw_g: torch.Tensor,
-                         raw_beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """One recurrent KDA step per request from the packed post-conv q|k|v [N, 3HD]; state [N, H, dv, dk] in place.
+def _recurrence_body(qkv, raw_g, raw_beta, A_log, dt_bias, state, o, lower_bound: float | None, scale: float):
+    new_o, new_state = stages.kda_recurrence(qkv, raw_g, raw_beta, A_log, dt_bias, state, lower_bound, scale)
+    o.copy_(new_o)
+    state.copy_(new_state)
 
-    Returns o [N, H, dv] in conv_out's dtype, as vLLM's packed decode kernel returns a new tensor.
+
+def kda_recurrent_decode(layer: KdaDecodeLayer, qkv: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,
+                         state: torch.Tensor) -> torch.Tensor:
+    """One recurrent KDA step from the post-conv q|k|v [N, 3HD]; state [N, H, dv, dk] in place.
+
+    Returns o [N, H, dv] in qkv's dtype, a new tensor, as vLLM's packed decode kernel returns it.
     """
-    n = conv_out.shape[0]
-    heads, dim = layer.num_heads, layer.head_dim
-    q, k, v = conv_out.float().view(n, 3, heads, dim).unbind(1)
-    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + L2_NORM_EPS) * layer.qk_scale
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2_NORM_EPS)
-    g = kda_gate(raw_g, layer.A_log, layer.dt_bias, layer.lower_bound)
-    beta = torch.sigmoid(raw_beta.float())
-    state.mul_(g.exp().unsqueeze(-2))
-    u = (v - torch.matmul(state, k.unsqueeze(-1)).squeeze(-1)) * beta.unsqueeze(-1)
-    state.view(-1, dim, dim).baddbmm_(u.reshape(-1, dim, 1), k.reshape(-1, 1, dim))
-    o = torch.matmul(state, q.unsqueeze(-1)).squeeze(-1)
-    return o.to(conv_out.dtype)
+    o = torch.empty(qkv.shape[0], layer.num_heads, layer.head_dim, dtype=qkv.dtype, device=qkv.device)
+    compiled(_recurrence_body)(qkv, raw_g, raw_beta, layer.A_log, layer.dt_bias, state, o, layer.lower_bound,
+                               layer.qk_scale)
+    return o
 
 
-def kda_decode_unfused(layer: KdaDecodeLayer, step: KdaDecodeStep, out: torch.Tensor) -> torch.Tensor:
+def _gated_norm_body(x, gate, weight, out, eps: float):
+    out.copy_(stages.gated_rms_norm(x, gate, weight, eps))
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(x) * weight * sigmoid(gate) as one compiled pass into a new tensor in x's dtype."""
+    out = torch.empty_like(x)
+    compiled(_gated_norm_body)(x, gate, weight, out, eps)
+    return out
+
+
+def kda_decode_unfused(layer: KdaDecodeLayer, step: KdaDecodeStep, out: torch.Tensor,
+                       conv: str | None = None) -> torch.Tensor:
     """vLLM's unfused KDA decode: conv update, recurrent update, copy into the output buffer, gated norm, copy.
 
     out [N, H, D] is the layer's core-attention output buffer; conv_state and state are updated in place.
+    `conv`: "vllm" or "inductor" (default: `conv_backend` of the step's device).
     """
     check_kda_decode(layer, step, out)
-    conv_out = torch.empty(step.mixed_qkv.shape, dtype=step.mixed_qkv.dtype, device=step.mixed_qkv.device)
-    causal_conv_update(step.mixed_qkv, step.conv_state, layer.conv_weight, conv_out)
+    conv = conv_backend(out.device) if conv is None else conv
+    conv_out = causal_conv_update(step.mixed_qkv, step.conv_state, layer.conv_weight, conv)
     o = kda_recurrent_decode(layer, conv_out, step.raw_g, step.raw_beta, step.state)
     out.copy_(o)
-    out.copy_(gated_rms_norm_native(out, step.output_gate, layer.norm_weight, layer.norm_eps))
+    out.copy_(gated_rms_norm(out, step.output_gate, layer.norm_weight, layer.norm_eps))
     return out
-
-
-def attn_res_unfused(layer: AttnResLayer, step: AttnResStep) -> torch.Tensor:
-    """K3's attention residual as separate passes: add the delta into the partial block, store the block,
-    score every source (RMSNorm then the learned query), softmax, weighted sum, then the output RMSNorm.
-
-    Returns the normalised sub-layer input [T, hidden]; prefix and blocks are updated in place.
-    """
-    check_attn_res(layer, step)
-    prefix, blocks, num_blocks = step.prefix, step.blocks, step.num_blocks
-    if step.delta is not None:
-        prefix.add_(step.delta)
-    if step.block_write_idx >= 0:
-        blocks[:, step.block_write_idx].copy_(prefix)
-    if num_blocks == 0:
-        mixed = prefix
-    else:
-        sources = blocks[:, :num_blocks]
-        query = layer.res_proj_weight.view(1, -1)
-        block_logits = F.linear(rms_norm_native(sources, layer.res_norm_weight, layer.eps), query).squeeze(-1)
-        prefix_logit = F.linear(rms_norm_native(prefix, layer.res_norm_weight, layer.eps), query)
-        weights = torch.cat([block_logits, prefix_logit], dim=-1).float().softmax(dim=-1).to(prefix.dtype)
-        mixed = torch.baddbmm((prefix * weights[:, num_blocks:]).unsqueeze(1), weights[:, None, :num_blocks],
-                              sources).squeeze(1)
-    return rms_norm_native(mixed, layer.out_norm_weight, layer.out_eps)

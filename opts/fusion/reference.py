@@ -1,21 +1,17 @@
-"""float64 ground truth of the three mechanisms, written from the math (README.md), not from either path.
-
-The KDA recurrence itself is `opts.kda_overlap.naive.recurrent_kda` (flash-linear-attention's conventions:
-state [dk, dv]); the decode step's state is in vLLM's [dv, dk] layout and is transposed around it.
-"""
+"""float64 ground truth of the three mechanisms, written from the math (README.md), not from either path."""
 
 from __future__ import annotations
 
 import torch
 
 from opts.fusion.inputs import AttnResLayer, AttnResStep, KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
-from opts.fusion.naive import L2_NORM_EPS
-from opts.kda_overlap.naive import recurrent_kda
+from opts.fusion.stages import L2_NORM_EPS
 
 f64 = torch.float64
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight in float64."""
     x = x.to(f64)
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(f64)
 
@@ -27,26 +23,32 @@ def mla_norm_reference(layer: MlaNormLayer, qkv_lora: torch.Tensor) -> tuple[tor
     return rms_norm(q_c, layer.q_weight, layer.eps), rms_norm(kv_c, layer.kv_weight, layer.eps)
 
 
+def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_NORM_EPS)
+
+
 def kda_decode_reference(layer: KdaDecodeLayer, step: KdaDecodeStep
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out [N, H, D], new conv_state, new state [N, H, dv, dk]) in float64; the step is not modified."""
+    """(out [N, H, D], new conv_state, new state [N, H, dv, dk]) in float64; the step is not modified.
+
+    S~ = S diag(e^g), u = beta (v - S~ k), S' = S~ + u k^T, o = S' q (q, k L2-normalised, q scaled).
+    """
     n, h, d = step.raw_g.shape
     window = torch.cat([step.conv_state.to(f64), step.mixed_qkv.to(f64).unsqueeze(-1)], dim=-1)
     y = (window * layer.conv_weight.to(f64)).sum(-1)
     y = y * torch.sigmoid(y)
     q, k, v = y.view(n, 3, h, d).unbind(1)
-    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + L2_NORM_EPS)
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2_NORM_EPS)
+    q, k = _l2_normalize(q) * layer.qk_scale, _l2_normalize(k)
     x = step.raw_g.to(f64) + layer.dt_bias.to(f64).view(h, d)
     a = layer.A_log.to(f64).exp().unsqueeze(-1)
     g = -a * torch.log1p(torch.exp(x)) if layer.lower_bound is None else layer.lower_bound * torch.sigmoid(a * x)
     beta = torch.sigmoid(step.raw_beta.to(f64))
-    o, final = recurrent_kda(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], scale=layer.qk_scale,
-                             initial_state=step.state.to(f64).transpose(-1, -2), output_final_state=True)
-    o = o[:, 0]
-    out = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + layer.norm_eps) * layer.norm_weight.to(f64)
-    out = out * torch.sigmoid(step.output_gate.to(f64))
-    return out, window[..., 1:], final.transpose(-1, -2)
+    decayed = step.state.to(f64) * g.exp().unsqueeze(-2)
+    u = beta.unsqueeze(-1) * (v - torch.einsum("nhvk,nhk->nhv", decayed, k))
+    state = decayed + torch.einsum("nhv,nhk->nhvk", u, k)
+    o = torch.einsum("nhvk,nhk->nhv", state, q)
+    out = rms_norm(o, layer.norm_weight, layer.norm_eps) * torch.sigmoid(step.output_gate.to(f64))
+    return out, window[..., 1:], state
 
 
 def attn_res_reference(layer: AttnResLayer, step: AttnResStep

@@ -1,11 +1,10 @@
 """Analytic traffic of each path: bytes moved, kernels launched, memory allocated, from the shapes alone.
 
 The model (README.md): a kernel reads every tensor it consumes once and writes every tensor it produces
-once; data does not stay in cache from one kernel to the next. Off: one kernel per top-level aten op of
-`naive.py`, each listed below in the order the code runs it (tests check the totals against a dispatch-level
-count and torch.profiler). On: one fused kernel that reads the inputs once, writes the outputs and states
-once, and writes and reads back the intermediates inductor still materialises (tests check those against
-inductor's generated code).
+once; data does not stay in cache from one kernel to the next. A path is its kernels in the order the code
+runs them: compiled passes (one inductor kernel each; the intermediates inductor still materialises are
+written and read back once), eager aten ops (copies), and vLLM's own CPU kernel. Tests check the counts
+against a dispatch-level count, torch.profiler and inductor's generated code (`measure.py`).
 """
 
 from __future__ import annotations
@@ -17,16 +16,56 @@ import torch
 from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
 
 F32 = 4
+KINDS = ("compiled", "aten", "vllm")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: bytes read and written, the tensors its call allocates (bytes each), and its kind:
+    "compiled" (an inductor pass), "aten" (an eager op) or "vllm" (the loop inside vLLM's C++ op)."""
+
+    name: str
+    read: int
+    written: int
+    allocs: tuple[int, ...] = ()
+    kind: str = "aten"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Kernel.kind: invalid value {self.kind!r}; valid choices: {', '.join(KINDS)}")
 
 
 @dataclass(frozen=True)
 class PathCost:
-    """One path's bytes moved, kernels and allocations (count and bytes) per call."""
+    """One path per call: its kernels in order and the tensors it allocates outside them (torch.empty)."""
 
-    bytes: int
-    kernels: int
-    allocations: int
-    allocated: int
+    steps: tuple[Kernel, ...]
+    empties: tuple[int, ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        return sum(k.read + k.written for k in self.steps)
+
+    @property
+    def kernels(self) -> int:
+        return len(self.steps)
+
+    @property
+    def allocations(self) -> int:
+        return len(self.empties) + sum(len(k.allocs) for k in self.steps)
+
+    @property
+    def allocated(self) -> int:
+        return sum(self.empties) + sum(sum(k.allocs) for k in self.steps)
+
+    def of_kind(self, kind: str) -> tuple[Kernel, ...]:
+        """The kernels of one kind, in order."""
+        return tuple(k for k in self.steps if k.kind == kind)
+
+    @property
+    def eager_allocated(self) -> tuple[int, ...]:
+        """What the allocator hands out outside compiled passes: torch.empty and aten outputs."""
+        return self.empties + tuple(b for k in self.steps if k.kind == "aten" for b in k.allocs)
 
 
 @dataclass(frozen=True)
@@ -46,158 +85,104 @@ class PairCost:
 
 
 @dataclass
-class _Ledger:
-    """Ops of an eager path: (bytes read, bytes written) each, and the tensors they allocate."""
+class _Path:
+    steps: list[Kernel] = field(default_factory=list)
+    empties: list[int] = field(default_factory=list)
 
-    ops: list[tuple[int, int]] = field(default_factory=list)
-    allocs: list[int] = field(default_factory=list)
+    def empty(self, nbytes: int) -> None:
+        self.empties.append(nbytes)
 
-    def op(self, read: int, written: int, fresh: bool = True) -> None:
-        self.ops.append((read, written))
-        if fresh:
-            self.allocs.append(written)
+    def compiled(self, name: str, read: int, written: int, intermediates: list[int]) -> None:
+        extra = sum(intermediates)
+        self.steps.append(Kernel(name, read + extra, written + extra, tuple(intermediates), "compiled"))
 
-    def alloc(self, nbytes: int) -> None:
-        self.allocs.append(nbytes)
+    def aten(self, name: str, read: int, written: int, fresh: bool = False) -> None:
+        self.steps.append(Kernel(name, read, written, (written,) if fresh else ()))
+
+    def vllm(self, name: str, read: int, written: int) -> None:
+        self.steps.append(Kernel(name, read, written, (), "vllm"))
 
     def cost(self) -> PathCost:
-        return PathCost(sum(r + w for r, w in self.ops), len(self.ops), len(self.allocs), sum(self.allocs))
-
-
-def _fused(compulsory: int, intermediates: list[int]) -> PathCost:
-    return PathCost(compulsory + 2 * sum(intermediates), 1, len(intermediates), sum(intermediates))
+        return PathCost(tuple(self.steps), tuple(self.empties))
 
 
 def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _rms_norm_native(ledger: _Ledger, rows: int, dim: int, es: int) -> None:
-    """`naive.rms_norm_native` on [rows, dim] in a dtype of `es` bytes, weight in the same dtype."""
-    x = rows * dim
-    if es != F32:
-        ledger.op(x * es, x * F32)                      # x.to(float32)
-    ledger.op(x * F32, x * F32)                         # pow
-    ledger.op(x * F32, rows * F32)                      # mean
-    ledger.op(rows * F32, rows * F32)                   # + eps
-    ledger.op(rows * F32, rows * F32)                   # rsqrt
-    ledger.op(x * F32 + rows * F32, x * F32)            # x * rstd
-    if es != F32:
-        ledger.op(x * F32, x * es)                      # .to(weight.dtype)
-    ledger.op(x * es + dim * es, x * es)                # * weight
-
-
 def mla_norm_cost(shape: MlaNormShape, dtype: torch.dtype) -> PairCost:
-    """The dual RMSNorm over [N, q_lora] and [N, kv_lora] of the projection output."""
+    """Two RMSNorms over [N, q_lora] and [N, kv_lora] of the projection output; each path allocates its outputs."""
     es, n = _size(dtype), shape.num_tokens
-    off = _Ledger()
+    off = _Path()
     for dim in (shape.q_lora_rank, shape.kv_lora_rank):
-        _rms_norm_native(off, n, dim, es)
+        off.empty(n * dim * es)
+        off.compiled("rms_norm", n * dim * es + dim * es, n * dim * es, [n * F32])
     latent = shape.q_lora_rank + shape.kv_lora_rank
-    compulsory = 2 * n * latent * es + latent * es
-    return PairCost(off.cost(), _fused(compulsory, [n * F32, n * F32]), compulsory)
+    on = _Path()
+    on.empty(n * shape.q_lora_rank * es)
+    on.empty(n * shape.kv_lora_rank * es)
+    on.compiled("dual rms_norm", n * latent * es + latent * es, n * latent * es, [n * F32, n * F32])
+    return PairCost(off.cost(), on.cost(), 2 * n * latent * es + latent * es)
 
 
-def kda_decode_cost(shape: KdaDecodeShape, dtype: torch.dtype, lower_bound: float | None = -5.0) -> PairCost:
-    """Conv update + recurrent update + gated RMSNorm for N one-token requests."""
+def _vllm_conv(off: _Path, n: int, c: int, w: int, es: int) -> None:
+    """vLLM-CPU's conv op, as aten ops: x.contiguous() (x, rows of the wider projection output, is strided
+    once N > 1), the fp32 weight cast to x's dtype, the output cloned from x; then its loop over the window
+    (seen by no instrument)."""
+    nc = n * c
+    if n > 1:
+        off.aten("clone", nc * es, nc * es, fresh=True)
+    if es != F32:
+        off.aten("_to_copy", c * w * F32, c * w * es, fresh=True)
+    off.aten("clone", nc * es, nc * es, fresh=True)
+    off.vllm("conv loop", nc * es + nc * (w - 1) * es + c * w * es, nc * es + nc * (w - 1) * es)
+
+
+def kda_decode_cost(shape: KdaDecodeShape, dtype: torch.dtype, conv: str = "inductor") -> PairCost:
+    """Conv update + recurrent update + gated RMSNorm for N one-token requests. `conv`: the off path's conv
+    ("vllm" or "inductor"). Intermediates: those inductor materialises for bf16 activations."""
     es = _size(dtype)
     n, h, d, w, c = shape.num_tokens, shape.num_heads, shape.head_dim, shape.conv_width, shape.channels
     nc, nhd, nh, state = n * c, n * h * d, n * h, n * h * d * d * F32
-    off = _Ledger()
-    off.alloc(nc * es)                                                  # conv_out = torch.empty
-    off.op(nc * (w - 1) * es + nc * es, nc * w * es)                    # cat(conv_state, x)
-    if es != F32:
-        off.op(nc * w * es, nc * w * F32)                               # .to(weight.dtype)
-    off.op(nc * (w - 1) * F32, nc * (w - 1) * es, fresh=False)          # conv_state.copy_
-    off.op(nc * w * F32 + c * w * F32, nc * F32)                        # conv1d
-    off.op(nc * F32, nc * F32)                                          # silu
-    off.op(nc * F32, nc * es, fresh=False)                              # conv_out.copy_
-    if es != F32:
-        off.op(nc * es, nc * F32)                                       # conv_out.float()
-    for is_q in (True, False):                                          # L2 norm of q (then scale) and k
-        off.op(nhd * F32, nhd * F32)                                    # x * x
-        off.op(nhd * F32, nh * F32)                                     # sum
-        off.op(nh * F32, nh * F32)                                      # + eps
-        off.op(nh * F32, nh * F32)                                      # sqrt
-        off.op(nhd * F32 + nh * F32, nhd * F32)                         # x / norm
-        if is_q:
-            off.op(nhd * F32, nhd * F32)                                # * scale
-    if es != F32:
-        off.op(nhd * es, nhd * F32)                                     # raw_g.float()
-    off.op(nhd * F32 + h * d * F32, nhd * F32)                          # + dt_bias
-    off.op(h * F32, h * F32)                                            # A_log.exp()
-    if lower_bound is None:
-        off.op(h * F32, h * F32)                                        # -a
-        off.op(nhd * F32, nhd * F32)                                    # softplus
-        off.op(h * F32 + nhd * F32, nhd * F32)                          # -a * softplus
+    window = nc * (w - 1) * es
+    x_read = nc * es + window + c * w * F32
+    rec_read = nhd * es + nh * es + h * F32 + h * d * F32 + state
+    norm_read = nhd * es + d * es
+    off = _Path()
+    if conv == "vllm":
+        _vllm_conv(off, n, c, w, es)
     else:
-        off.op(h * F32 + nhd * F32, nhd * F32)                          # a * x
-        off.op(nhd * F32, nhd * F32)                                    # sigmoid
-        off.op(nhd * F32, nhd * F32)                                    # * lower_bound
-    if es != F32:
-        off.op(nh * es, nh * F32)                                       # raw_beta.float()
-    off.op(nh * F32, nh * F32)                                          # sigmoid
-    off.op(nhd * F32, nhd * F32)                                        # g.exp()
-    off.op(state + nhd * F32, state, fresh=False)                       # state.mul_
-    off.op(state + nhd * F32, nhd * F32)                                # state @ k
-    off.op(2 * nhd * F32, nhd * F32)                                    # v - state k
-    off.op(nhd * F32 + nh * F32, nhd * F32)                             # * beta
-    off.op(state + 2 * nhd * F32, state, fresh=False)                   # baddbmm_
-    off.op(state + nhd * F32, nhd * F32)                                # state @ q
-    if es != F32:
-        off.op(nhd * F32, nhd * es)                                     # o.to(dtype)
-    off.op(nhd * es, nhd * es, fresh=False)                             # out.copy_(o)
-    if es != F32:
-        off.op(nhd * es, nhd * F32)                                     # x.float()
-    off.op(nhd * F32, nhd * F32)                                        # pow
-    off.op(nhd * F32, nh * F32)                                         # mean
-    off.op(nh * F32, nh * F32)                                          # + eps
-    off.op(nh * F32, nh * F32)                                          # rsqrt
-    off.op(nhd * F32 + nh * F32, nhd * F32)                             # x * rstd
-    if es != F32:
-        off.op(d * es, d * F32)                                         # weight.float()
-    off.op(nhd * F32 + d * F32, nhd * F32)                              # * weight
-    if es != F32:
-        off.op(nhd * es, nhd * F32)                                     # gate.float()
-    off.op(nhd * F32, nhd * F32)                                        # sigmoid
-    off.op(2 * nhd * F32, nhd * F32)                                    # * sigmoid(gate)
-    if es != F32:
-        off.op(nhd * F32, nhd * es)                                     # .to(dtype)
-    off.op(nhd * es, nhd * es, fresh=False)                             # out.copy_
-    compulsory = (nc * es + 2 * nc * (w - 1) * es + c * w * F32       # x; conv_state read + written; conv weight
-                  + nhd * es + nh * es + h * F32 + h * d * F32          # raw_g, raw_beta, A_log, dt_bias
-                  + 2 * state + nhd * es + d * es + nhd * es)           # state read + written, gate, norm w, out
-    intermediates = [nc * (w - 1) * es, nc * F32] + [nhd * F32] * 4 + [nh * F32] * 6
-    return PairCost(off.cost(), _fused(compulsory, intermediates), compulsory)
+        off.empty(nc * es)
+        off.compiled("conv", x_read, nc * es + window, [window])
+    off.empty(nhd * es)
+    off.compiled("recurrence", nc * es + rec_read, nhd * es + state, [h * F32] + [nhd * F32] * 3 + [nh * F32] * 4)
+    off.aten("copy_", nhd * es, nhd * es)
+    off.empty(nhd * es)
+    off.compiled("gated rms_norm", nhd * es + norm_read, nhd * es, [nh * F32])
+    off.aten("copy_", nhd * es, nhd * es)
+    on = _Path()
+    on.compiled("kda decode", x_read + rec_read + norm_read, window + state + nhd * es,
+                [window, nc * F32, h * F32] + [nhd * F32] * 4 + [nh * F32] * 5)
+    compulsory = x_read + window + rec_read + state + norm_read + nhd * es
+    return PairCost(off.cost(), on.cost(), compulsory)
 
 
 def attn_res_cost(shape: AttnResShape, dtype: torch.dtype) -> PairCost:
-    """Delta add, block store, softmax mix over the sources and output RMSNorm for T tokens."""
+    """Delta add, block store, softmax mix over the sources and output RMSNorm for T tokens; each path
+    allocates its output. Off is the counterfactual split (mix pass, then RMSNorm pass)."""
     es = _size(dtype)
     t, hid, nb, s = shape.num_tokens, shape.hidden, shape.num_blocks, shape.num_sources
     row = t * hid
-    off = _Ledger()
-    if shape.has_delta:
-        off.op(2 * row * es, row * es, fresh=False)                     # prefix.add_(delta)
-    if shape.block_write:
-        off.op(row * es, row * es, fresh=False)                         # blocks[:, i].copy_(prefix)
-    if nb > 0:
-        _rms_norm_native(off, t * nb, hid, es)                          # norm of the completed blocks
-        off.op(t * nb * hid * es + hid * es, t * nb * es)               # linear: learned query
-        _rms_norm_native(off, t, hid, es)                               # norm of the partial block
-        off.op(row * es + hid * es, t * es)                             # linear
-        off.op(t * nb * es + t * es, t * s * es)                        # cat logits
-        if es != F32:
-            off.op(t * s * es, t * s * F32)                             # .float()
-        off.op(t * s * F32, t * s * F32)                                # softmax
-        if es != F32:
-            off.op(t * s * F32, t * s * es)                             # .to(dtype)
-        off.op(row * es + t * es, row * es)                             # prefix * weight
-        off.op(row * es + t * nb * es + t * nb * hid * es, row * es)    # baddbmm over the blocks
-    _rms_norm_native(off, t, hid, es)                                   # output norm
-    compulsory = (row * es * (1 + nb + 1)                              # prefix, completed blocks read; out
-                  + (2 * row * es if shape.has_delta else 0)            # delta read, prefix written
-                  + (row * es if shape.block_write else 0)              # block stored
-                  + (3 if nb > 0 else 1) * hid * es)                    # weights
-    intermediates = [row * F32] + [t * F32] * (2 * s + 2) if nb > 0 else [t * F32]
-    return PairCost(off.cost(), _fused(compulsory, intermediates), compulsory)
+    read = row * es * (1 + nb) + (row * es if shape.has_delta else 0) + (2 * hid * es if nb > 0 else 0)
+    written = (row * es if shape.has_delta else 0) + (row * es if shape.block_write else 0)
+    stats = 2 * s + (1 if shape.has_delta else 0) if nb > 0 else 0
+    off = _Path()
+    off.empty(row * es)
+    off.compiled("mix", read, written + row * es, [t * F32] * stats)
+    off.empty(row * es)
+    off.compiled("rms_norm", row * es + hid * es, row * es, [t * F32])
+    on = _Path()
+    on.empty(row * es)
+    on.compiled("attn_res", read + hid * es, written + row * es,
+                [row * F32] + [t * F32] * (stats + 1) if nb > 0 else [t * F32])
+    return PairCost(off.cost(), on.cost(), read + hid * es + written + row * es)

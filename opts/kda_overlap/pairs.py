@@ -9,25 +9,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
+from opts.bench import compare
 from opts.kda_overlap.cases import bench_cases
-
-
-def pair_ratios(pair, seconds: float) -> tuple[list[float], list[float]]:
-    """(off seconds, on seconds) of alternating runs for `seconds`, at least 5 pairs."""
-    pair.off()
-    pair.on()
-    off_s: list[float] = []
-    on_s: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while len(off_s) < 5 or time.perf_counter() < deadline:
-        runs = [(pair.off, off_s), (pair.on, on_s)]
-        for fn, times in runs if len(off_s) % 2 == 0 else runs[::-1]:
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return off_s, on_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.case and args.case not in case.name:
             continue
         seconds = args.seconds / 2 if "verify_only" in case.name else args.seconds
-        off_s, on_s = pair_ratios(case.setup(), seconds)
+        timing = compare(case.setup(), "cpu", budget_s=seconds, min_rounds=5, max_rounds=1 << 30)
+        off_s, on_s = timing.off_s, timing.on_s
         ratios = sorted(a / b for a, b in zip(off_s, on_s, strict=True))
         q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
         off_ms, on_ms = statistics.median(off_s) * 1e3, statistics.median(on_s) * 1e3

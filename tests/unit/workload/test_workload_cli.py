@@ -12,14 +12,14 @@ from workload_helpers import SYNTHETIC, row
 
 from ablations.workload import read_trace
 from ablations.workload.__main__ import main
-from ablations.workload.config import REPO_ROOT
 
 JSON_KEYS = {"requests", "sessions", "input_len_p50", "input_len_p90", "output_len_mean", "theoretical_prefix_reuse"}
 
 
-def test_stats_json_of_a_real_trace_through_the_module_entry_point():
-    out = subprocess.run([sys.executable, "-m", "ablations.workload", "stats", str(SYNTHETIC), "--json"],
-                         capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+def test_stats_json_of_a_vendored_trace_through_the_module_entry_point(tmp_path):
+    name = f"pkg://ablations.workload/traces/{SYNTHETIC.name}"
+    out = subprocess.run([sys.executable, "-m", "ablations.workload", "stats", name, "--json"],
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     stats = json.loads(out)
     assert set(stats) >= JSON_KEYS
     assert stats["requests"] == 3993
@@ -61,19 +61,42 @@ def test_same_seed_same_file(tmp_path):
         (["stats", "BAD"], r"bad.jsonl:2: field 'input_length' missing"),
         (["export", "UNSORTED", "--format", "timed_trace", "--out", "OUT"],
          r"unsorted.jsonl:2: field 'timestamp': 5 is earlier than 9"),
+        (["generate", "agentx_small", "--out", "DIR"], r"--out .*/dir: is a directory$"),
+        (["generate", "agentx_small", "--out", "DEEP"],
+         r"--out .*/x/y\.jsonl: directory '.*/missing/x' does not exist$"),
+        (["export", "BAD", "--format", "session", "--out", "DEEP"], r"directory '.*/missing/x' does not exist$"),
+        (["stats", "DIR"], r"/dir: is a directory, not a trace file$"),
+        (["stats", "ABSENT"], r"/absent.jsonl: no such file$"),
+        (["stats", "JSON"], r"json.jsonl:1: bad JSON: Expecting property name enclosed in double quotes at column 2$"),
+        (["generate", "agentx_small", "--out", "OUT", "--seed", "-1"], r"argument --seed: '-1' is not an integer >= 0"),
+        (["generate", "agentx_small", "--out", "OUT", "--sessions", "0"],
+         r"argument --sessions: '0' is not an integer >= 1"),
+        (["stats", "BAD", "--block-size", "x"], r"argument --block-size: 'x' is not an integer >= 1"),
+        (["generate", "agentx_small"], r"the following arguments are required: --out"),
     ],
 )
-def test_errors_exit_2_with_the_message(argv, pattern, write_rows, capsys, tmp_path):
+def test_errors_are_one_line_with_exit_code_2(argv, pattern, write_rows, capsys, tmp_path):
     files = {
         "BAD": write_rows([row(), {"timestamp": 1, "output_length": 1, "hash_ids": [1]}], name="bad.jsonl"),
         "UNSORTED": write_rows([row(ts=9, block_size=4), row(ts=5, block_size=4)], name="unsorted.jsonl"),
+        "JSON": write_rows(["{oops"], name="json.jsonl"),
         "OUT": tmp_path / "out.jsonl",
+        "DIR": tmp_path / "dir",
+        "DEEP": tmp_path / "missing" / "x" / "y.jsonl",
+        "ABSENT": tmp_path / "absent.jsonl",
     }
-    assert main([str(files.get(a, a)) for a in argv]) == 2
+    files["DIR"].mkdir()
+    before = set(tmp_path.rglob("*"))
+    try:
+        code = main([str(files.get(a, a)) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ")
+    assert err.count("\n") == 1
     assert re.search(pattern, err)
-    assert not files["OUT"].exists()
+    assert set(tmp_path.rglob("*")) == before
 
 
 def test_export_sort_reorders_instead(tmp_path):

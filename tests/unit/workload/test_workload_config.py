@@ -8,6 +8,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from ablations.config import CONF_DIR
 from ablations.workload import (
     ClosedLoopSchedule,
     OpenLoopSchedule,
@@ -15,8 +16,8 @@ from ablations.workload import (
     build_schedule,
     load_workload,
     register_configs,
+    write_trace,
 )
-from ablations.workload.config import REPO_ROOT
 
 OPTIONS = {"agentx": None, "agentx_small": None, "mooncake_conversation": 12031, "mooncake_synthetic": 3993}
 
@@ -24,12 +25,20 @@ OPTIONS = {"agentx": None, "agentx_small": None, "mooncake_conversation": 12031,
 @pytest.fixture
 def composed():
     register_configs(ConfigStore.instance())
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         yield lambda *overrides: compose(overrides=list(overrides)).workload
 
 
 def test_the_group_has_one_option_per_preset_and_real_trace():
-    assert sorted(p.stem for p in (REPO_ROOT / "conf" / "workload").glob("*.yaml")) == sorted(OPTIONS)
+    assert sorted(p.stem for p in (CONF_DIR / "workload").glob("*.yaml")) == sorted(OPTIONS)
+
+
+def test_the_schema_is_no_option_of_the_group(composed):
+    from hydra.core.global_hydra import GlobalHydra
+
+    assert sorted(GlobalHydra.instance().config_loader().get_group_options("workload")) == sorted(OPTIONS)
+    with pytest.raises(ConfigCompositionException, match="Could not find 'workload/workload_schema'"):
+        composed("+workload=workload_schema")
 
 
 @pytest.mark.parametrize("name", ["agentx_small", "mooncake_conversation", "mooncake_synthetic"])
@@ -69,8 +78,14 @@ def test_bad_values_are_refused(composed):
         OmegaConf.to_object(composed("+workload=agentx_small", "workload.schedule=later"))
     with pytest.raises(ConfigCompositionException):
         composed("+workload=agentx_small", "workload.seed=abc")
-    with pytest.raises(ValueError, match=r"give exactly one of preset and path"):
+    with pytest.raises(ValueError, match=r"give exactly one of preset and path .*; a trace file needs preset null"):
         WorkloadConfig(preset="agentx", path="x.jsonl")
+    with pytest.raises(ValueError, match=r"WorkloadConfig.path: 'absent.jsonl': no such file"):
+        WorkloadConfig(preset=None, path="absent.jsonl")
+    with pytest.raises(ValueError, match=r"WorkloadConfig.path: 'pkg://nope/x': no package named 'nope'"):
+        WorkloadConfig(preset=None, path="pkg://nope/x")
+    with pytest.raises(ValueError, match=r"WorkloadConfig.path: '/': is a directory"):
+        WorkloadConfig(preset=None, path="/")
     with pytest.raises(ValueError, match=r"WorkloadConfig.preset: invalid value 'big'"):
         WorkloadConfig(preset="big")
     with pytest.raises(ValueError, match=r"WorkloadConfig: unknown field\(s\) sesions"):
@@ -80,3 +95,9 @@ def test_bad_values_are_refused(composed):
     node = composed("+workload=mooncake_synthetic", "workload.schedule=closed")
     with pytest.raises(ValueError, match=r"a closed-loop schedule needs sessions"):
         build_schedule(node, load_workload(node))
+
+
+def test_a_relative_path_is_relative_to_the_working_directory(tmp_path, monkeypatch, small_trace):
+    write_trace(small_trace, tmp_path / "t.jsonl.gz")
+    monkeypatch.chdir(tmp_path)
+    assert load_workload({"preset": None, "path": "t.jsonl.gz"}).requests == small_trace.requests

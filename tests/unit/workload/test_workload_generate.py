@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
@@ -115,10 +114,10 @@ def test_agentx_small_fits_a_cpu_replay(small_trace):
     assert stats["arrival_span_s"] <= 5 * 60
 
 
-def test_generating_and_analysing_agentx_takes_under_a_minute():
-    began = time.perf_counter()
-    trace_stats(generate(preset("agentx"), seed=1))
-    assert time.perf_counter() - began < 60
+def test_agentx_with_another_seed_generates_and_analyses():
+    stats = trace_stats(generate(preset("agentx"), seed=1))
+    assert stats["sessions"] == preset("agentx").num_sessions
+    assert stats["theoretical_prefix_reuse"] > 0.96
 
 
 def test_generator_config_errors_name_the_field():

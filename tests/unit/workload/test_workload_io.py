@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
-from workload_helpers import CONVERSATION, SYNTHETIC, row
+from workload_helpers import CONVERSATION, SYNTHETIC, raw_rows, row
 
 from ablations.workload import OpenLoopSchedule, Trace, TraceError, read_trace, write_trace
 from ablations.workload.io import check_block_sizes, check_order
@@ -14,7 +15,7 @@ from ablations.workload.io import check_block_sizes, check_order
 @pytest.mark.parametrize(("path", "count"), [(CONVERSATION, 12031), (SYNTHETIC, 3993)])
 def test_real_traces_load_unchanged(path, count):
     trace = read_trace(path)
-    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    raw = raw_rows(path)
     assert len(trace.requests) == len(raw) == count
     assert trace.block_size == 512
     for request, original in zip(trace.requests, raw, strict=True):
@@ -55,7 +56,9 @@ def test_block_size_argument_for_files_without_one(write_rows):
 @pytest.mark.parametrize(
     ("lines", "pattern"),
     [
-        (['{"timestamp": 0, "input_length": 4,'], r"trace.jsonl:1: bad JSON"),
+        (['{"timestamp": 0, "input_length": 4,'], r"trace.jsonl:1: bad JSON: Expecting property name enclosed in "
+                                                 r"double quotes at column 36$"),
+        (['{"timestamp": "a\tb"}'], r"trace.jsonl:1: bad JSON: Invalid control character at column 17$"),
         ([row(), "[1, 2]"], r"trace.jsonl:2: expected a JSON object"),
         ([row(), ""], r"trace.jsonl:2: blank line"),
         ([{k: v for k, v in row().items() if k != "output_length"}], r":1: field 'output_length' missing"),
@@ -124,6 +127,36 @@ def test_a_hash_id_at_two_block_sizes_is_refused_on_write(tmp_path):
 
 def test_written_file_is_exactly_what_was_read(tmp_path):
     path = write_trace(read_trace(SYNTHETIC), tmp_path / "syn.jsonl", "timed_trace")
-    original = [json.loads(line) for line in SYNTHETIC.read_text().splitlines()]
-    written = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [{k: v for k, v in r.items() if k != "block_size"} for r in written] == original
+    written = raw_rows(path)
+    assert [{k: v for k, v in r.items() if k != "block_size"} for r in written] == raw_rows(SYNTHETIC)
+
+
+def test_gzip_roundtrip_is_exact_and_reproducible(tmp_path, small_trace):
+    a = write_trace(small_trace, tmp_path / "a.jsonl.gz")
+    b = write_trace(small_trace, tmp_path / "b.jsonl.gz")
+    assert a.read_bytes() == b.read_bytes()
+    assert gzip.decompress(a.read_bytes()) == write_trace(small_trace, tmp_path / "c.jsonl").read_bytes()
+    assert read_trace(a).requests == small_trace.requests
+
+
+def test_read_errors_name_the_file_and_the_line(tmp_path):
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(json.dumps(row()) + "\n" + json.dumps(row())[:20])
+    with pytest.raises(TraceError, match=r"cut.jsonl:2: bad JSON: .* the file ends mid-line \(truncated\?\)$"):
+        read_trace(cut, block_size=4)
+    (tmp_path / "cut.jsonl.gz").write_bytes(SYNTHETIC.read_bytes()[:50_000])
+    with pytest.raises(TraceError, match=r"cut.jsonl.gz:\d+: cannot read: Compressed file ended .*\(truncated\?\)$"):
+        read_trace(tmp_path / "cut.jsonl.gz")
+    (tmp_path / "plain.jsonl.gz").write_text(json.dumps(row()) + "\n")
+    with pytest.raises(TraceError, match=r"plain.jsonl.gz: cannot read: Not a gzipped file"):
+        read_trace(tmp_path / "plain.jsonl.gz", block_size=4)
+    with pytest.raises(TraceError, match=r": is a directory, not a trace file$"):
+        read_trace(tmp_path)
+
+
+def test_write_refuses_a_directory_or_a_missing_parent_and_leaves_nothing(tmp_path, small_trace):
+    with pytest.raises(ValueError, match=r": is a directory$"):
+        write_trace(small_trace, tmp_path)
+    with pytest.raises(ValueError, match=r"directory '.*/absent' does not exist$"):
+        write_trace(small_trace, tmp_path / "absent" / "t.jsonl")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

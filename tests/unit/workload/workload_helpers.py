@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
+from pathlib import Path
 
 from ablations.workload import Request
-from ablations.workload.config import REPO_ROOT
+from ablations.workload.paths import TRACES, resolve_path
 
-TRACES_DIR = (REPO_ROOT / "../shared/data/traces").resolve()
-CONVERSATION = TRACES_DIR / "conversation_trace.jsonl"
-SYNTHETIC = TRACES_DIR / "synthetic_trace.jsonl"
+TRACES_DIR = resolve_path(TRACES)
+CONVERSATION = TRACES_DIR / "conversation_trace.jsonl.gz"
+SYNTHETIC = TRACES_DIR / "synthetic_trace.jsonl.gz"
+
+
+def raw_rows(path: Path) -> list[dict]:
+    """The JSON rows of a `.jsonl` or `.jsonl.gz` file, read without the workload reader."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
 
 def row(ts=0, n=10, out=5, block=4, ids=None, **extra) -> dict:

@@ -5,7 +5,7 @@ Triton kernel (`'function' object is not subscriptable` at :222). Same contract,
     sources = blocks[:, :num_blocks] + [prefix];  logit_s = (v_s · (norm_w ⊙ qk_w)) / rms(v_s)
     mixed = Σ_s softmax(logit)_s v_s;  out = RMSNorm(mixed) · output_norm_w  (mixed itself when no output norm)
 
-Checked against the project's float64 reference (opts.fusion.reference.attn_res_reference).
+Tested against the kernel's semantics and the project's float64 reference (opts.fusion.reference).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ Conv state per slot: [dim, state_len], the oldest token first. Without speculati
 sequence n starts at `num_accepted[n]-1` (the state keeps up to `num_spec` rejected drafts after
 it); after the step the slot holds [window minus its oldest token, the step's tokens] from
 position 0, the rest left as is (vllm/model_executor/layers/mamba/ops/causal_conv1d.py:861-899).
+Rows whose slot is `null_block_id`, or whose `num_accepted` is <= 0, are skipped: output and state
+untouched. Without `out` the result overwrites `x` (cast to the state dtype), as vLLM's does.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def causal_conv1d_update(
     if isinstance(activation, bool):
         activation = "silu" if activation else None
     x_dtype = x.dtype
+    x = x.to(conv_state.dtype)
     width = weight.shape[1]
     w = weight.to(conv_state.dtype)
     b = None if bias is None else bias.to(conv_state.dtype)
@@ -60,7 +63,7 @@ def causal_conv1d_update(
         starts = query_start_loc.tolist()
         batch = len(starts) - 1
     if out is None:
-        out = torch.empty_like(x)
+        out = x
     slots = list(range(batch)) if conv_state_indices is None else conv_state_indices.view(batch, -1)[:, 0].tolist()
     accepted = None if num_accepted_tokens is None else num_accepted_tokens.tolist()
 
@@ -70,15 +73,16 @@ def causal_conv1d_update(
             idx = torch.tensor([slots[i] for i in live], dtype=torch.long)
             rows = torch.tensor(live, dtype=torch.long)
             hist = conv_state[idx, :, : width - 1]
-            window = torch.cat([hist, xs[rows].to(conv_state.dtype)], dim=-1)
+            window = torch.cat([hist, xs[rows]], dim=-1)
             y = _conv(window, w, b, activation)
             conv_state[idx, :, : width - 1] = window[..., -(width - 1) :]
             target = out.unsqueeze(-1) if squeeze else out
-            target[rows] = y.to(x_dtype)
-        return out
+            target[rows] = y.to(out.dtype)
+        return out.to(x_dtype)
 
     for i in range(batch):
-        if null_block_id is not None and slots[i] == null_block_id:
+        null = null_block_id is not None and slots[i] == null_block_id
+        if null or (accepted is not None and accepted[i] <= 0):
             continue
         if starts is None:
             seq = xs[i]  # [dim, n]
@@ -89,15 +93,12 @@ def causal_conv1d_update(
         offset = 0 if accepted is None else accepted[i] - 1
         state = conv_state[slots[i]]
         hist = state[:, offset : offset + width - 1]
-        window = torch.cat([hist, seq.to(conv_state.dtype)], dim=-1)
-        y = _conv(window.unsqueeze(0), w, b, activation)[0].to(x_dtype)
-        if accepted is None:
-            new_state = window[:, -(width - 1) :]
-        else:
-            new_state = torch.cat([hist[:, 1:], seq.to(conv_state.dtype)], dim=-1)
-        state[:, : new_state.shape[-1]] = new_state.clone()
+        window = torch.cat([hist, seq], dim=-1)
+        y = _conv(window.unsqueeze(0), w, b, activation)[0].to(out.dtype)
+        new_state = window[:, -(width - 1) :] if accepted is None else window[:, 1:]
+        state[:, : new_state.shape[-1]] = new_state
         if starts is None:
             (out.unsqueeze(-1) if squeeze else out)[i] = y
         else:
             out[starts[i] : starts[i + 1]] = y.transpose(0, 1)
-    return out
+    return out.to(x_dtype)

@@ -8,9 +8,11 @@ vLLM's calling conventions kept:
 - the gate arrives raw: g = lower_bound·σ(e^A·(raw+dt_bias)) with a lower bound, else
   −e^A·softplus(raw+dt_bias); β arrives as a logit;
 - q and k are L2-normalised here (x / sqrt(Σx² + 1e-6), the kernels' rule);
-- slot index ≤ 0 is the null block: its rows output zeros and no state is written;
+- slot index ≤ 0 is the null block: no state is read or written and every output token of the
+  row is zero (vLLM's kernels zero the row's first token and leave the rest as they were);
 - speculative rows start from slot `state_indices[n, num_accepted[n]-1]` and write the state after
-  token t into slot `state_indices[n, t]`.
+  token t into slot `state_indices[n, t]`; `num_accepted[n] <= 0` makes the row null (vLLM never
+  passes it: its padding uses 1; its kernel would read the slot before the row).
 
 The math itself is `KDA_IMPL` (prefill = chunked, verify = recurrent with per-position states):
 one object, so a toggle can swap it with `use_kda_impl`.
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from opts.fusion.naive import kda_gate as activate_gate
+from opts.fusion.stages import kda_gate as activate_gate
 
 L2_EPS = 1e-6
 
@@ -126,6 +128,12 @@ def _token_slots(state_indices: torch.Tensor) -> torch.Tensor:
     return state_indices if state_indices.ndim == 2 else state_indices.view(-1, 1)
 
 
+def initial_slot(slots: list[int], accepted: int | None) -> int:
+    """The slot a speculative row starts from; <= 0 (null) when `accepted` selects no slot."""
+    column = 0 if accepted is None else accepted - 1
+    return slots[column] if 0 <= column < len(slots) else 0
+
+
 def fused_recurrent_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -156,9 +164,9 @@ def fused_recurrent_kda(
         bos, eos = bounds[n], bounds[n + 1]
         if eos == bos:
             continue
-        src = slots[n][accepted[n] - 1 if accepted is not None else 0]
+        src = initial_slot(slots[n], None if accepted is None else accepted[n])
         if src <= 0:
-            out[:, bos] = 0
+            out[:, bos:eos] = 0
             continue
         rows = slice(bos, eos)
         o, states = impl.verify(
@@ -212,8 +220,9 @@ def fused_recurrent_kda_packed_decode(
 def gather_initial_states(
     state: torch.Tensor, indices: torch.Tensor, has_initial_state: torch.Tensor
 ) -> torch.Tensor:
-    """Dense copy of `state[indices]`, zero rows where `has_initial_state` is False (S3)."""
-    rows = state[indices.long()]
+    """Dense copy of `state[indices]`, zero rows where `has_initial_state` is False; their index is
+    not read (S3)."""
+    rows = state[torch.where(has_initial_state, indices.long(), 0)]
     return torch.where(has_initial_state.view(-1, *([1] * (rows.ndim - 1))), rows, torch.zeros_like(rows))
 
 

@@ -1,4 +1,12 @@
-"""The CPU path's KDA kernels (vLLM calling conventions) against each other and the project's references."""
+"""The CPU KDA kernels against vLLM's Triton kernels, transcribed here as plain PyTorch loops.
+
+Sources (site-packages/vllm/models/kimi_k3/nvidia/ops/third_party/kda/): the gate and β
+(fused_recurrent.py:56-90, chunk.py:734-780), the recurrent kernel (fused_recurrent.py:140-302: state
+[dv, dk], initial slot `state_indices[n, num_accepted[n]-1]`, null slot <= 0, the state after token t
+written to slot `state_indices[n, t]` when > 0), the packed decode kernel (:486-579), the chunked
+prefill wrapper (chunk.py:681-731: dense initial/final states [N, H, dv, dk], zero state when None) and
+gather_initial_states (model_executor/layers/mamba/ops/gather_initial_states.py:10-42).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,9 @@ import pytest
 import torch
 
 from ablations.backends.vllm.cpu import kda
-from opts.kda_overlap import naive
 
 H, K, V = 2, 8, 8
-ATOL = 1e-5
+TOL = {"atol": 2e-5, "rtol": 1e-4}
 
 
 def inputs(T: int, seed: int = 0):
@@ -21,81 +28,172 @@ def inputs(T: int, seed: int = 0):
     return q, k, v, raw_g, raw_beta, A_log, dt_bias
 
 
+def kernel_gate(raw_g, A_log, dt_bias, lower_bound):
+    """fused_recurrent.py:243-260: x = raw + dt_bias; lower_bound·σ(e^A x), else −e^A·softplus(x) (threshold 20)."""
+    x = raw_g.float() + (0 if dt_bias is None else dt_bias.float().view(H, K))
+    a = A_log.float().exp().view(H, 1)
+    if lower_bound is not None:
+        return lower_bound * torch.sigmoid(a * x)
+    return -a * torch.where(x > 20, x, torch.log(1 + torch.exp(x)))
+
+
+def l2(x):
+    x = x.float()
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def kernel_step(h, q, k, v, g, beta):
+    """One token of fused_recurrent_kda_fwd_kernel (:232-269) for all heads; h [H, V, K] fp32."""
+    q, k = l2(q) * K**-0.5, l2(k)
+    h = h * torch.exp(g)[:, None, :]
+    v = (v.float() - (h * k[:, None, :]).sum(-1)) * beta[:, None]
+    h = h + v[:, :, None] * k[:, None, :]
+    return h, (h * q[:, None, :]).sum(-1)
+
+
+def reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, state, cu, slots, accepted, out):
+    """fused_recurrent_kda_fwd_kernel over every sequence, in place on `state` and `out` (vLLM's semantics)."""
+    g, beta = kernel_gate(raw_g, A_log, dt_bias, lower_bound), torch.sigmoid(raw_beta.float())
+    slots = slots.view(-1, 1) if slots.ndim == 1 else slots
+    for n in range(cu.numel() - 1):
+        bos, eos = int(cu[n]), int(cu[n + 1])
+        if eos == bos:
+            continue
+        src = int(slots[n, 0 if accepted is None else int(accepted[n]) - 1])
+        if src <= 0:
+            out[0, bos] = 0
+            continue
+        h = state[src].float()
+        for t in range(eos - bos):
+            h, out[0, bos + t] = kernel_step(h, q[0, bos + t], k[0, bos + t], v[0, bos + t], g[0, bos + t],
+                                             beta[0, bos + t])
+            if int(slots[n, t]) > 0:
+                state[int(slots[n, t])] = h
+    return out, state
+
+
 @pytest.mark.parametrize("lower_bound", [None, -3.0])
 def test_gate_matches_the_kernels_formula(lower_bound):
     _, _, _, raw_g, _, A_log, dt_bias = inputs(5)
-    x = raw_g + dt_bias.view(H, K)
-    a = A_log.exp().view(H, 1)
-    expected = lower_bound * torch.sigmoid(a * x) if lower_bound is not None else -a * torch.log1p(x.exp())
-    torch.testing.assert_close(kda.activate_gate(raw_g, A_log, dt_bias, lower_bound), expected, atol=1e-6, rtol=0)
+    raw_g = raw_g * 15  # past the softplus threshold too
+    torch.testing.assert_close(kda.activate_gate(raw_g, A_log, dt_bias, lower_bound),
+                               kernel_gate(raw_g, A_log, dt_bias, lower_bound), atol=1e-6, rtol=1e-6)
 
 
-def test_chunk_prefill_equals_token_by_token_decode():
-    """Chunked prefill of two packed sequences == packed decode one token at a time, outputs and states."""
-    T1, T2 = 11, 7
-    q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(T1 + T2)
-    h0 = torch.randn(2, H, V, K, generator=torch.Generator().manual_seed(1))
-    cu = torch.tensor([0, T1, T1 + T2], dtype=torch.int32)
-    o_chunk, final = kda.chunk_kda_with_fused_gate(
-        q, k, v, raw_g, raw_beta, A_log, dt_bias, initial_state=h0.clone(), output_final_state=True,
-        use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+@pytest.mark.parametrize("with_initial_state", [True, False])
+def test_chunk_prefill_matches_the_kernels_recurrence(lower_bound, with_initial_state):
+    """Packed sequences longer than one chunk: outputs and final states [N, H, dv, dk]."""
+    lens = [70, 1, 9]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(sum(lens), seed=1)
+    h0 = torch.randn(len(lens), H, V, K, generator=torch.Generator().manual_seed(2))
+    out = torch.full_like(v, float("nan"))
+    got, final = kda.chunk_kda_with_fused_gate(
+        q, k, v, raw_g, raw_beta, A_log, dt_bias, initial_state=h0.clone() if with_initial_state else None,
+        output_final_state=True, lower_bound=lower_bound, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, out=out,
     )
-    cache = torch.zeros(4, H, V, K)
-    cache[1], cache[3] = h0[0], h0[1]
-    o_dec = torch.empty_like(v)
-    for t in range(T1 + T2):
-        slot = 1 if t < T1 else 3
-        packed = torch.cat([q[0, t].flatten(), k[0, t].flatten(), v[0, t].flatten()]).view(1, -1)
-        o, _ = kda.fused_recurrent_kda_packed_decode(
-            packed, raw_g[:, t : t + 1], raw_beta[:, t : t + 1], A_log, dt_bias, None, cache,
-            torch.tensor([slot]),
-        )
-        o_dec[0, t] = o[0, 0]
-    torch.testing.assert_close(o_chunk, o_dec, atol=ATOL, rtol=1e-4)
-    torch.testing.assert_close(final, cache[[1, 3]], atol=ATOL, rtol=1e-4)
+    state = torch.cat([torch.zeros(1, H, V, K), h0 if with_initial_state else torch.zeros_like(h0)])
+    slots = torch.arange(1, len(lens) + 1).view(-1, 1).expand(-1, max(lens)).contiguous()
+    want, want_state = reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, state, cu, slots,
+                                           None, torch.empty_like(v))
+    assert got is out
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(final, want_state[1:], **TOL)
 
 
-def test_verify_reads_the_accepted_slot_and_writes_every_position():
-    """Speculative rows start from slot [n, num_accepted-1] and leave the state after token t in slot [n, t]."""
-    T = 3
-    q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(2 * T, seed=2)
-    cache = torch.randn(10, H, V, K, generator=torch.Generator().manual_seed(3))
-    start = cache.clone()
-    slots = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    accepted = torch.tensor([2, 1])
-    cu = torch.tensor([0, T, 2 * T], dtype=torch.int32)
-    out, _ = kda.fused_recurrent_kda(q, k, v, raw_g, raw_beta, A_log, dt_bias, None, cache, cu, slots, accepted)
-    g = kda.activate_gate(raw_g, A_log, dt_bias, None)
-    beta = torch.sigmoid(raw_beta)
-    qn, kn = kda.l2_normalize(q), kda.l2_normalize(k)
-    for n, src in ((0, 2), (1, 4)):
-        rows = slice(n * T, (n + 1) * T)
-        o_ref, states = naive.recurrent_kda_states(
-            qn[:, rows], kn[:, rows], v[:, rows], g[:, rows], beta[:, rows],
-            initial_state=start[src : src + 1].transpose(-1, -2),
-        )
-        torch.testing.assert_close(out[:, rows], o_ref, atol=ATOL, rtol=1e-4)
-        for t in range(T):
-            torch.testing.assert_close(cache[slots[n, t]], states[0, t].transpose(-1, -2), atol=ATOL, rtol=1e-4)
+def test_chunk_prefill_without_final_state_returns_none():
+    q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(4)
+    _, final = kda.chunk_kda_with_fused_gate(q, k, v, raw_g, raw_beta, A_log, dt_bias, use_qk_l2norm_in_kernel=True)
+    assert final is None
 
 
-def test_null_slot_outputs_zero_and_writes_nothing():
-    q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(2, seed=4)
-    cache = torch.randn(3, H, V, K)
+def spec_case(seed: int = 3):
+    """Four speculative rows of 3 tokens: live (accepted 2), live (accepted 1, last slot null), null start slot,
+    and an empty row."""
+    cu = torch.tensor([0, 3, 6, 9, 9], dtype=torch.int32)
+    slots = torch.tensor([[1, 2, 3], [4, 5, 0], [0, 7, 8], [9, 10, 11]], dtype=torch.int32)
+    accepted = torch.tensor([2, 1, 1, 3], dtype=torch.int32)
+    return (*inputs(9, seed), cu, slots, accepted)
+
+
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+def test_verify_matches_the_kernel_per_token_states_and_null_rows(lower_bound):
+    q, k, v, raw_g, raw_beta, A_log, dt_bias, cu, slots, accepted = spec_case()
+    cache = torch.randn(12, H, V, K, generator=torch.Generator().manual_seed(4))
+    want_cache, got_cache = cache.clone(), cache.clone()
+    want, _ = reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, want_cache, cu, slots,
+                                  accepted, torch.full_like(v, 7.0))
+    got, _ = kda.fused_recurrent_kda(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, got_cache, cu, slots,
+                                     accepted, out=torch.full_like(v, 7.0))
+    torch.testing.assert_close(got[:, :7], want[:, :7], **TOL)  # token 7, 8: the null row past its first token
+    torch.testing.assert_close(got_cache, want_cache, **TOL)
+    assert torch.equal(got_cache[[0, 6, 7, 8, 9, 10, 11]], cache[[0, 6, 7, 8, 9, 10, 11]])
+
+
+def test_a_null_row_outputs_zero_on_every_token():
+    """vLLM zeroes the null row's first token and leaves the others as they were; here all are zero."""
+    q, k, v, raw_g, raw_beta, A_log, dt_bias, cu, slots, accepted = spec_case()
+    out = torch.full_like(v, 7.0)
+    kda.fused_recurrent_kda(q, k, v, raw_g, raw_beta, A_log, dt_bias, None, torch.randn(12, H, V, K), cu, slots,
+                            accepted, out=out)
+    assert torch.equal(out[:, 6:9], torch.zeros(1, 3, H, V))
+
+
+def test_zero_accepted_tokens_make_the_row_null():
+    """num_accepted 0 would make vLLM's kernel read the slot before the row; vLLM pads with 1. Here: null row."""
+    q, k, v, raw_g, raw_beta, A_log, dt_bias, cu, slots, accepted = spec_case()
+    accepted[0] = 0
+    cache = torch.randn(12, H, V, K)
     before = cache.clone()
-    packed = torch.cat([q[0].flatten(1), k[0].flatten(1), v[0].flatten(1)], dim=-1)
-    out, _ = kda.fused_recurrent_kda_packed_decode(packed, raw_g, raw_beta, A_log, dt_bias, None, cache,
-                                                   torch.tensor([0, 2]))
-    assert torch.equal(out[0, 0], torch.zeros(H, V))
-    assert torch.equal(cache[:2], before[:2]) and not torch.equal(cache[2], before[2])
+    out = torch.full_like(v, 7.0)
+    kda.fused_recurrent_kda(q, k, v, raw_g, raw_beta, A_log, dt_bias, None, cache, cu, slots, accepted, out=out)
+    assert torch.equal(out[:, :3], torch.zeros(1, 3, H, V))
+    assert torch.equal(cache[[1, 2, 3]], before[[1, 2, 3]])
 
 
-def test_gather_initial_states_zeroes_rows_without_state():
+def test_verify_with_one_slot_per_token_row():
+    """1-D state indices (T == N, no num_accepted): each row is one token reading and writing its own slot."""
+    q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(3, seed=5)
+    cu, slots = torch.arange(4, dtype=torch.int32), torch.tensor([2, 0, 1], dtype=torch.int32)
+    cache = torch.randn(3, H, V, K)
+    want_cache, got_cache = cache.clone(), cache.clone()
+    want, _ = reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, None, want_cache, cu, slots, None,
+                                  torch.empty_like(v))
+    got, _ = kda.fused_recurrent_kda(q, k, v, raw_g, raw_beta, A_log, dt_bias, None, got_cache, cu, slots)
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got_cache, want_cache, **TOL)
+
+
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+def test_packed_decode_matches_the_kernel(lower_bound):
+    """fused_recurrent_kda_packed_decode_kernel: one token per row from a row-strided [q|k|v|gate] buffer."""
+    q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(4, seed=6)
+    slots = torch.tensor([3, 0, 1, -1], dtype=torch.int32)
+    rows = torch.cat([q[0].flatten(1), k[0].flatten(1), v[0].flatten(1), torch.randn(4, 5)], dim=-1)
+    packed = rows[:, : 2 * H * K + H * V]
+    cache = torch.randn(4, H, V, K, generator=torch.Generator().manual_seed(7))
+    want_cache, got_cache = cache.clone(), cache.clone()
+    g, beta = kernel_gate(raw_g, A_log, dt_bias, lower_bound), torch.sigmoid(raw_beta)
+    want = torch.full((1, 4, H, V), 7.0)
+    for n, slot in enumerate(slots.tolist()):
+        if slot <= 0:
+            want[0, n] = 0
+            continue
+        want_cache[slot], want[0, n] = kernel_step(want_cache[slot], q[0, n], k[0, n], v[0, n], g[0, n], beta[0, n])
+    got, _ = kda.fused_recurrent_kda_packed_decode(packed, raw_g, raw_beta, A_log, dt_bias, lower_bound, got_cache,
+                                                   slots, out=torch.full((1, 4, H, V), 7.0))
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got_cache, want_cache, **TOL)
+    assert torch.equal(got_cache[[0, 2]], cache[[0, 2]])
+
+
+def test_gather_initial_states_matches_the_kernel():
+    """Rows without a state are zero and their index is never read (the kernel reads slot 0 for them)."""
     state = torch.randn(5, H, V, K)
-    got = kda.gather_initial_states(state, torch.tensor([3, 1]), torch.tensor([True, False]))
-    assert torch.equal(got[0], state[3]) and torch.equal(got[1], torch.zeros(H, V, K))
-
-
-def test_l2_normalize_uses_the_kernels_epsilon():
-    x = torch.randn(4, K)
-    torch.testing.assert_close(kda.l2_normalize(x), x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6))
+    indices = torch.tensor([3, 99, 1, -1])
+    has = torch.tensor([True, False, True, False])
+    got = kda.gather_initial_states(state, indices, has)
+    assert torch.equal(got, torch.stack([state[3], torch.zeros(H, V, K), state[1], torch.zeros(H, V, K)]))
+    got[0] += 1
+    assert torch.equal(state[3] + 1, got[0])  # a copy, not a view

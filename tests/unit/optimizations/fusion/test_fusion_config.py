@@ -6,12 +6,13 @@ import pytest
 
 from opts import registry
 from opts.fusion import (
+    COUNTERFACTUAL,
     MECHANISMS,
     FusionConfig,
-    attn_res_fused,
-    attn_res_unfused,
     implementation,
     kda_decode_fused,
+    kda_decode_unfused,
+    mla_norm_fused,
     mla_norm_unfused,
 )
 from opts.fusion.cases import bench_cases
@@ -22,18 +23,19 @@ def test_config_modes_and_mechanisms():
     assert not FusionConfig().is_on
     on = FusionConfig(mode="on")
     assert all(on.is_fused(m) for m in MECHANISMS)
-    partial = FusionConfig.from_dict({"mode": "on", "mechanisms": ["attn_res"]})
-    assert partial.mechanisms == ("attn_res",)
-    assert implementation(partial, "attn_res") is attn_res_fused
-    assert implementation(partial, "mla_norm") is mla_norm_unfused
-    assert implementation(FusionConfig(mode="off"), "attn_res") is attn_res_unfused
+    partial = FusionConfig.from_dict({"mode": "on", "mechanisms": ["mla_norm"]})
+    assert partial.mechanisms == ("mla_norm",)
+    assert implementation(partial, "mla_norm") is mla_norm_fused
+    assert implementation(partial, "kda_decode") is kda_decode_unfused
+    assert implementation(FusionConfig(mode="off"), "mla_norm") is mla_norm_unfused
     assert implementation(on, "kda_decode") is kda_decode_fused
 
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"mode": "fused"}, r"FusionConfig.mode: invalid value 'fused'; valid choices: off, on"),
     ({"mechanisms": ["kda"]}, r"FusionConfig.mechanisms: invalid value\(s\) 'kda'; valid choices: kda_decode"),
-    ({"mechanisms": "attn_res"}, r"FusionConfig.mechanisms: expected a list of names"),
+    ({"mechanisms": "mla_norm"}, r"FusionConfig.mechanisms: expected a list of names"),
+    ({"mechanisms": ["attn_res"]}, r"'attn_res' is not toggled: vLLM always runs it fused"),
     ({"level": 3}, r"FusionConfig: unknown field\(s\) level; valid fields: mechanisms, mode"),
 ])
 def test_config_errors_name_field_value_and_choices(values, message):
@@ -41,9 +43,13 @@ def test_config_errors_name_field_value_and_choices(values, message):
         FusionConfig.from_dict(values)
 
 
-def test_unknown_mechanism_is_an_error():
-    with pytest.raises(ValueError, match="unknown fusion mechanism 'rope'"):
-        implementation(FusionConfig(mode="on"), "rope")
+@pytest.mark.parametrize(("mechanism", "message"), [
+    ("rope", r"unknown fusion mechanism 'rope'; valid choices: kda_decode, mla_norm"),
+    ("attn_res", r"unknown fusion mechanism 'attn_res'; 'attn_res' is not toggled"),
+])
+def test_unknown_mechanism_is_an_error(mechanism, message):
+    with pytest.raises(ValueError, match=message):
+        implementation(FusionConfig(mode="on"), mechanism)
 
 
 @pytest.mark.parametrize(("make", "message"), [
@@ -65,7 +71,12 @@ def test_registered_with_k3_cases():
     names = [c.name for c in full]
     assert len(set(names)) == len(names)
     assert {c.name for c in quick} < set(names)
-    assert {c.info["mechanism"] for c in quick} == set(MECHANISMS)
+    assert {c.info["mechanism"] for c in quick} == set(MECHANISMS) | set(COUNTERFACTUAL)
+    for case in full:
+        counterfactual = case.info["mechanism"] in COUNTERFACTUAL
+        assert case.info["counterfactual"] is counterfactual, case.name
+        assert case.name.endswith("_counterfactual") is counterfactual, case.name
+        assert case.atol >= 0 and case.rtol > 0, case.name
     kda = next(c for c in full if c.info["mechanism"] == "kda_decode")
     assert (kda.info["num_heads"], kda.info["head_dim"], kda.info["conv_width"]) == (12, 128, 4)
     mla = next(c for c in full if c.info["mechanism"] == "mla_norm")

@@ -35,12 +35,3 @@ def test_a_case_runs_off_and_on_on_the_same_step():
     for name in ("o", "prefill_final_state", "verify_states"):
         torch.testing.assert_close(getattr(on, name), getattr(off, name), rtol=2e-5, atol=2e-5)
 
-
-def test_pairs_alternate_off_and_on():
-    from opts.base import BenchPair
-    from opts.kda_overlap.pairs import pair_ratios
-
-    calls = []
-    off_s, on_s = pair_ratios(BenchPair(off=lambda: calls.append("off"), on=lambda: calls.append("on")), 0.0)
-    assert len(off_s) == len(on_s) == 5
-    assert calls[2:6] == ["off", "on", "on", "off"]                 # after one warm-up each, the order flips

@@ -112,12 +112,47 @@ def test_fast_decay_takes_the_pairwise_path(monkeypatch):
     assert not torch.isfinite(unguarded.o).all()
 
 
-def test_run_step_dispatches_on_the_config():
-    batch = random_step(StepShape((20,), (2, 0), 2, 8, 8), seed=1)
-    for mode in ("off", "on"):
-        out = run_step(KdaOverlapConfig(mode=mode, chunk_size=16), batch, out=poisoned(batch))
-        assert not torch.isnan(out.verify_states).any()
-    assert OPTIMIZATION.config(mode="on").is_on
+def _count_kernel_calls(monkeypatch):
+    import opts.kda_overlap.step as step
+
+    calls = {"recurrent": 0, "packed_rows": []}
+    recurrent, packed_kernel = step.recurrent_kda_rows, step.chunk_kda_packed
+
+    def counted_recurrent(*args, **kwargs):
+        calls["recurrent"] += 1
+        return recurrent(*args, **kwargs)
+
+    def counted_packed(q, *args, **kwargs):
+        calls["packed_rows"].append(q.shape[0])
+        return packed_kernel(q, *args, **kwargs)
+
+    monkeypatch.setattr(step, "recurrent_kda_rows", counted_recurrent)
+    monkeypatch.setattr(step, "chunk_kda_packed", counted_packed)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_run_step_dispatches_on_the_config(mode, monkeypatch):
+    batch = random_step(StepShape((20,), (2, 0, 3), 2, 8, 8), seed=1)
+    calls = _count_kernel_calls(monkeypatch)
+    out = run_step(KdaOverlapConfig(mode=mode, chunk_size=16), batch, out=poisoned(batch))
+    assert not torch.isnan(out.verify_states).any()
+    if mode == "on":   # one packed pass over all 25 tokens, no recurrent pass
+        assert calls == {"recurrent": 0, "packed_rows": [25]}
+    else:              # verification recurrent, then the 20 prefill tokens chunked
+        assert calls == {"recurrent": 1, "packed_rows": [20]}
+    assert OPTIMIZATION.config(mode=mode).is_on == (mode == "on")
+
+
+def test_bench_cases_time_off_against_on(monkeypatch):
+    case = OPTIMIZATION.bench_cases(True, "cpu")[0]
+    assert "mixed" in case.name
+    pair = case.setup()
+    calls = _count_kernel_calls(monkeypatch)
+    pair.on()
+    assert calls["recurrent"] == 0 and len(calls["packed_rows"]) == 1
+    pair.off()
+    assert calls["recurrent"] == 1 and len(calls["packed_rows"]) == 2
 
 
 def test_bad_configs_and_steps_are_named():
