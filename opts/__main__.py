@@ -9,6 +9,7 @@ import sys
 import torch
 
 from opts import bench, registry
+from opts.cli import Parser, int_at_least
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -25,8 +26,6 @@ def _list(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     opt = registry.get(args.name)
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads: invalid value {args.threads}; must be >= 1")
     if not args.budget > 0:
         raise ValueError(f"--budget: invalid value {args.budget}; must be > 0 seconds")
     device = bench.check_device(args.device or bench.default_device())
@@ -42,7 +41,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opts", description=__doc__)
+    parser = Parser(prog="python -m opts", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="the registered optimizations, one line each")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -54,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", help="cpu or cuda (default: cuda if present)")
     p.add_argument("--case", help="run only the case of this name (else those whose name contains it)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per case (default 1)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 is steadier on a shared CPU)")
+    p.add_argument("--threads", type=int_at_least(1),
+                   help="torch CPU threads (default: torch's; 1 is steadier on a shared CPU)")
     p.set_defaults(func=_bench)
     args = parser.parse_args(argv)
     try:

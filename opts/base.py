@@ -1,4 +1,18 @@
-"""What every optimization shares: a validated toggle config, a microbenchmark case, the record."""
+"""What every optimization shares: a validated toggle config, a microbenchmark case, the record.
+
+The contract of an optimization package `opts/<name>/` (checked by tests/unit/optimizations/test_contract.py):
+
+- `config.py`: one frozen `ToggleConfig` subclass; MODES hold off and on; a bad mode fails in `__post_init__`.
+- `naive.py`: off, the path stock vLLM runs on that platform without the optimization.
+- mechanism module(s): on, the same function as off (bit-exact, or within the tolerance the package states).
+- `reference.py`: the float64 reference off and on are tested against.
+- `cases.py`: `bench_cases(quick, device)`, the microbenchmarks the registry lists.
+- `README.md`: the mechanism, its math, what off and on run per platform, measured numbers and their machine.
+- `__init__.py`: the public API (`__all__`) and the `OPTIMIZATION` record `opts.registry` lists.
+
+A package imports no other optimization package: K3's sizes and shared math live in `opts.k3`.
+Later parts: `vllm.py` (the toggle wired into vLLM) and `sim.py` (the mechanism in the cost model).
+"""
 
 from __future__ import annotations
 

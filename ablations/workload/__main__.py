@@ -11,9 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 from ablations.workload.generate import generate
 from ablations.workload.io import FORMATS, read_trace, sorted_by_arrival, write_trace
@@ -21,28 +19,7 @@ from ablations.workload.paths import output_problem
 from ablations.workload.presets import PRESETS, preset
 from ablations.workload.stats import format_stats, trace_stats
 from ablations.workload.trace import Trace, TraceError
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line `error: ...` messages (exit code 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum`."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}")
-        return value
-
-    return parse
+from opts.cli import Parser, int_at_least
 
 
 def _check_out(path: str) -> None:
@@ -91,13 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("stats", help="statistics of a timed_trace or session-form JSONL file")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--block-size", type=at_least(1), help="block size of a file that records none (default 512)")
+    p.add_argument("--block-size", type=int_at_least(1), help="block size of a file that records none (default 512)")
     p.set_defaults(func=_stats)
     p = sub.add_parser("generate", help="write a generated preset as JSONL")
     p.add_argument("preset", help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--out", required=True, help="output JSONL file (.gz: compressed); its directory must exist")
-    p.add_argument("--seed", type=at_least(0), default=0, help="random seed (default 0)")
-    p.add_argument("--sessions", type=at_least(1), help="number of root sessions (default: the preset's)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
+    p.add_argument("--sessions", type=int_at_least(1), help="number of root sessions (default: the preset's)")
     p.add_argument("--format", choices=FORMATS, default="session",
                    help="session (default; also a valid timed_trace) or timed_trace (Mooncake fields only)")
     p.set_defaults(func=_generate)
@@ -105,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file")
     p.add_argument("--format", choices=FORMATS, required=True)
     p.add_argument("--out", required=True, help="output JSONL file (.gz: compressed); its directory must exist")
-    p.add_argument("--block-size", type=at_least(1), help="block size of a file that records none (default 512)")
+    p.add_argument("--block-size", type=int_at_least(1), help="block size of a file that records none (default 512)")
     p.add_argument("--sort", action="store_true", help="reorder by timestamp instead of refusing a decrease")
     p.set_defaults(func=_export)
     args = parser.parse_args(argv)

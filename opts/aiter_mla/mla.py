@@ -8,16 +8,18 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from opts.k3 import K3, TP, K3Spec
+
 
 @dataclass(frozen=True)
 class MLAShape:
     """Per-rank MLA sizes. The default is Kimi K3 at TP=8: 96 heads / 8 ranks = 12."""
 
-    num_heads: int = 12
-    kv_lora_rank: int = 512
-    rope_dim: int = 64
-    qk_nope_dim: int = 128
-    v_head_dim: int = 128
+    num_heads: int = K3.mla_heads_per_rank()
+    kv_lora_rank: int = K3.kv_lora_rank
+    rope_dim: int = K3.rope_dim
+    qk_nope_dim: int = K3.qk_nope_dim
+    v_head_dim: int = K3.v_head_dim
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -36,7 +38,13 @@ class MLAShape:
         return 1.0 / math.sqrt(self.qk_nope_dim + self.rope_dim)
 
 
-K3_TP8 = MLAShape()
+    @classmethod
+    def per_rank(cls, spec: K3Spec, tp: int = TP) -> MLAShape:
+        """One tensor-parallel rank's MLA sizes of `spec` (the latent cache is replicated, heads are split)."""
+        return cls(spec.mla_heads_per_rank(tp), spec.kv_lora_rank, spec.rope_dim, spec.qk_nope_dim, spec.v_head_dim)
+
+
+K3_TP8 = MLAShape.per_rank(K3, 8)
 
 
 def _expect(name: str, tensor: torch.Tensor, shape: tuple[int | None, ...]) -> None:

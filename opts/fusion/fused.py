@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from opts import k3
 from opts.fusion import stages
 from opts.fusion.checks import check_attn_res, check_kda_decode, check_mla_norm
 from opts.fusion.compiled import compiled
@@ -15,8 +16,8 @@ from opts.fusion.inputs import AttnResLayer, AttnResStep, KdaDecodeLayer, KdaDec
 
 
 def _mla_norm_body(qkv, q_weight, kv_weight, q_out, kv_out, q_rank: int, kv_rank: int, eps: float):
-    q_out.copy_(stages.rms_norm_fp32(qkv[:, :q_rank], q_weight, eps))
-    kv_out.copy_(stages.rms_norm_fp32(qkv[:, q_rank:q_rank + kv_rank], kv_weight, eps))
+    q_out.copy_(k3.rms_norm_fp32(qkv[:, :q_rank], q_weight, eps))
+    kv_out.copy_(k3.rms_norm_fp32(qkv[:, q_rank:q_rank + kv_rank], kv_weight, eps))
 
 
 def mla_norm_fused(layer: MlaNormLayer, qkv_lora: torch.Tensor, q_out: torch.Tensor | None = None,
@@ -40,7 +41,7 @@ def _kda_decode_body(x, conv_state, conv_weight, raw_g, raw_beta, A_log, dt_bias
     conv_state.copy_(stages.rolled(conv_state, x))
     o, new_state = stages.kda_recurrence(y, raw_g, raw_beta, A_log, dt_bias, state, lower_bound, scale)
     state.copy_(new_state)
-    out.copy_(stages.gated_rms_norm(o, gate, norm_weight, eps))
+    out.copy_(k3.gated_rms_norm(o, gate, norm_weight, eps))
 
 
 def kda_decode_fused(layer: KdaDecodeLayer, step: KdaDecodeStep, out: torch.Tensor) -> torch.Tensor:
@@ -56,7 +57,7 @@ def kda_decode_fused(layer: KdaDecodeLayer, step: KdaDecodeStep, out: torch.Tens
 def _attn_res_body(prefix, delta, blocks, norm_weight, proj_weight, out_weight, out,
                    num_blocks: int, write_idx: int, eps: float, out_eps: float):
     mixed = stages.attn_res_mix(prefix, delta, blocks, norm_weight, proj_weight, num_blocks, write_idx, eps)
-    out.copy_(stages.rms_norm_fp32(mixed, out_weight, out_eps))
+    out.copy_(k3.rms_norm_fp32(mixed, out_weight, out_eps))
 
 
 def attn_res_fused(layer: AttnResLayer, step: AttnResStep, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from opts import k3
 from opts.fusion import stages, vllm_kernels
 from opts.fusion.checks import check_kda_decode, check_mla_norm
 from opts.fusion.compiled import compiled
 from opts.fusion.inputs import KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
-from opts.fusion.stages import kda_gate
+from opts.k3 import kda_gate
 
 __all__ = ["CONV_BACKENDS", "causal_conv_update", "conv_backend", "gated_rms_norm", "kda_decode_unfused", "kda_gate",
            "kda_recurrent_decode", "mla_norm_unfused", "rms_norm"]
@@ -23,7 +24,7 @@ CONV_BACKENDS = ("vllm", "inductor")
 
 
 def _rms_norm_body(x, weight, out, eps: float):
-    out.copy_(stages.rms_norm(x, weight, eps))
+    out.copy_(k3.rms_norm_native(x, weight, eps))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -86,7 +87,7 @@ def kda_recurrent_decode(layer: KdaDecodeLayer, qkv: torch.Tensor, raw_g: torch.
 
 
 def _gated_norm_body(x, gate, weight, out, eps: float):
-    out.copy_(stages.gated_rms_norm(x, gate, weight, eps))
+    out.copy_(k3.gated_rms_norm(x, gate, weight, eps))
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

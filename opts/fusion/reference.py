@@ -5,26 +5,16 @@ from __future__ import annotations
 import torch
 
 from opts.fusion.inputs import AttnResLayer, AttnResStep, KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
-from opts.fusion.stages import L2_NORM_EPS
+from opts.k3 import l2_normalize, rms_norm_f64
 
 f64 = torch.float64
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight in float64."""
-    x = x.to(f64)
-    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(f64)
 
 
 def mla_norm_reference(layer: MlaNormLayer, qkv_lora: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(q_c) * q_weight, RMSNorm(kv_c) * kv_weight) in float64."""
     q_c = qkv_lora[:, :layer.q_lora_rank]
     kv_c = qkv_lora[:, layer.q_lora_rank:layer.q_lora_rank + layer.kv_lora_rank]
-    return rms_norm(q_c, layer.q_weight, layer.eps), rms_norm(kv_c, layer.kv_weight, layer.eps)
-
-
-def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_NORM_EPS)
+    return rms_norm_f64(q_c, layer.q_weight, layer.eps), rms_norm_f64(kv_c, layer.kv_weight, layer.eps)
 
 
 def kda_decode_reference(layer: KdaDecodeLayer, step: KdaDecodeStep
@@ -38,7 +28,7 @@ def kda_decode_reference(layer: KdaDecodeLayer, step: KdaDecodeStep
     y = (window * layer.conv_weight.to(f64)).sum(-1)
     y = y * torch.sigmoid(y)
     q, k, v = y.view(n, 3, h, d).unbind(1)
-    q, k = _l2_normalize(q) * layer.qk_scale, _l2_normalize(k)
+    q, k = l2_normalize(q) * layer.qk_scale, l2_normalize(k)
     x = step.raw_g.to(f64) + layer.dt_bias.to(f64).view(h, d)
     a = layer.A_log.to(f64).exp().unsqueeze(-1)
     g = -a * torch.log1p(torch.exp(x)) if layer.lower_bound is None else layer.lower_bound * torch.sigmoid(a * x)
@@ -47,7 +37,7 @@ def kda_decode_reference(layer: KdaDecodeLayer, step: KdaDecodeStep
     u = beta.unsqueeze(-1) * (v - torch.einsum("nhvk,nhk->nhv", decayed, k))
     state = decayed + torch.einsum("nhv,nhk->nhvk", u, k)
     o = torch.einsum("nhvk,nhk->nhv", state, q)
-    out = rms_norm(o, layer.norm_weight, layer.norm_eps) * torch.sigmoid(step.output_gate.to(f64))
+    out = rms_norm_f64(o, layer.norm_weight, layer.norm_eps) * torch.sigmoid(step.output_gate.to(f64))
     return out, window[..., 1:], state
 
 
@@ -65,6 +55,6 @@ def attn_res_reference(layer: AttnResLayer, step: AttnResStep
     if step.block_write_idx >= 0:
         blocks[:, step.block_write_idx] = prefix
     sources = torch.cat([blocks[:, :step.num_blocks], prefix.unsqueeze(1)], dim=1)
-    logits = rms_norm(sources, layer.res_norm_weight, layer.eps) @ layer.res_proj_weight.to(f64)
+    logits = rms_norm_f64(sources, layer.res_norm_weight, layer.eps) @ layer.res_proj_weight.to(f64)
     mixed = (logits.softmax(-1).unsqueeze(-1) * sources).sum(1)
-    return rms_norm(mixed, layer.out_norm_weight, layer.out_eps), prefix, blocks
+    return rms_norm_f64(mixed, layer.out_norm_weight, layer.out_eps), prefix, blocks

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opts.k3 import K3
+
 
 def _check_positive(owner: str, **values: int) -> None:
     for name, value in values.items():
@@ -16,9 +18,9 @@ class KdaDecodeShape:
     """One KDA decode step: `num_tokens` requests, one token each. K3 at TP=8: 12 heads x 128, conv width 4."""
 
     num_tokens: int
-    num_heads: int = 12
-    head_dim: int = 128
-    conv_width: int = 4
+    num_heads: int = K3.kda_heads_per_rank()
+    head_dim: int = K3.kda_head_dim
+    conv_width: int = K3.conv_width
 
     def __post_init__(self) -> None:
         _check_positive("KdaDecodeShape", num_tokens=self.num_tokens, num_heads=self.num_heads,
@@ -37,9 +39,9 @@ class MlaNormShape:
     """The MLA q/kv latents: the fused q_a/kv_a projection gives [tokens, q_lora + kv_lora + rope]."""
 
     num_tokens: int
-    q_lora_rank: int = 1536
-    kv_lora_rank: int = 512
-    rope_dim: int = 64
+    q_lora_rank: int = K3.q_lora_rank
+    kv_lora_rank: int = K3.kv_lora_rank
+    rope_dim: int = K3.rope_dim
 
     def __post_init__(self) -> None:
         _check_positive("MlaNormShape", num_tokens=self.num_tokens, q_lora_rank=self.q_lora_rank,
@@ -64,8 +66,8 @@ class AttnResShape:
 
     num_tokens: int
     num_blocks: int
-    hidden: int = 7168
-    max_blocks: int = 8
+    hidden: int = K3.hidden
+    max_blocks: int = K3.num_res_blocks
     has_delta: bool = True
     block_write: bool = False
 

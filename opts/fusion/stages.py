@@ -1,6 +1,6 @@
 """The math of each stage, as plain torch functions of tensors: traced into one compiled pass per stage by
 `naive.py` (off) and into one compiled pass per mechanism by `fused.py` (on), so off and on differ only in
-where the stages meet (a tensor in memory, or nothing).
+where the stages meet (a tensor in memory, or nothing). K3's norms and gate come from `opts.k3`.
 """
 
 from __future__ import annotations
@@ -10,27 +10,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-L2_NORM_EPS = 1e-6   # inside the square root, as K3's decode kernels normalise q and k
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """vLLM's RMSNorm (`vllm.ir.ops.rms_norm`, native): fp32 math, rounded to the weight's dtype before the
-    weight multiply, returned in x's dtype."""
-    orig_dtype = x.dtype
-    x = x.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (x.to(weight.dtype) * weight).to(orig_dtype)
-
-
-def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in fp32 throughout, as vLLM's fused kernels compute it (one rounding, at the store)."""
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-
-
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm(x) * weight * sigmoid(gate) in fp32 (`FusedRMSNormGated.forward_native`, activation sigmoid)."""
-    return rms_norm_fp32(x, weight, eps) * torch.sigmoid(gate.float())
+from opts.k3 import L2_NORM_EPS, kda_gate, l2_normalize
 
 
 def conv_silu(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -47,18 +27,6 @@ def rolled(conv_state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([conv_state[..., 1:], x.unsqueeze(-1)], dim=-1)
 
 
-def kda_gate(raw_g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,
-             lower_bound: float | None) -> torch.Tensor:
-    """K3's per-channel log decay from the raw gate [..., H, D]: the safe gate lower_bound*sigmoid(e^A (x + b)),
-    or -e^A softplus(x + b) without a lower bound (b = 0 when dt_bias is None). fp32."""
-    heads, dim = raw_g.shape[-2:]
-    x = raw_g.float() if dt_bias is None else raw_g.float() + dt_bias.float().view(heads, dim)
-    a = A_log.float().exp().unsqueeze(-1)
-    if lower_bound is None:
-        return -a * F.softplus(x)
-    return lower_bound * torch.sigmoid(a * x)
-
-
 def kda_recurrence(qkv: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor, A_log: torch.Tensor,
                    dt_bias: torch.Tensor, state: torch.Tensor, lower_bound: float | None,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +38,7 @@ def kda_recurrence(qkv: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tenso
     heads, dim = A_log.shape[0], state.shape[-1]
     q, k, v = qkv.float().view(n, 3, heads, dim).unbind(1)
     q = q * (scale / torch.sqrt((q * q).sum(-1, keepdim=True) + L2_NORM_EPS))
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + L2_NORM_EPS)
+    k = l2_normalize(k)
     g = kda_gate(raw_g, A_log, dt_bias, lower_bound)
     beta = torch.sigmoid(raw_beta.float()).unsqueeze(-1)
     decayed = state * g.exp().unsqueeze(-2)

@@ -1,6 +1,7 @@
 """kda_overlap: KDA over a step that holds prefill chunks and speculative-verification rows, in one pass.
 
-References (flash-linear-attention conventions) are in `opts.kda_overlap.naive`; the math is in README.md.
+Off is `naive.step_off`, on is `step.step_on` over `packed.py`; the float64 references (flash-linear-attention
+conventions) are in `reference.py`; the math is in README.md.
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from opts.base import Optimization
 from opts.kda_overlap.batch import MixedStep, StepOutput
 from opts.kda_overlap.cases import bench_cases
 from opts.kda_overlap.config import KdaOverlapConfig
-from opts.kda_overlap.naive import chunk_kda, recurrent_kda, recurrent_kda_states, reference_step
-from opts.kda_overlap.step import STEPS, step_off, step_on, step_streams
+from opts.kda_overlap.naive import step_off
+from opts.kda_overlap.reference import chunk_kda, recurrent_kda, recurrent_kda_states, reference_step
+from opts.kda_overlap.step import STEPS, step_on, step_streams
 
 __all__ = [
     "OPTIMIZATION",
+    "STEPS",
     "KdaOverlapConfig",
     "MixedStep",
     "StepOutput",

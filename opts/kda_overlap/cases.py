@@ -8,12 +8,14 @@ from dataclasses import asdict
 import torch
 
 from opts.base import BenchCase, BenchPair
+from opts.k3 import K3
 from opts.kda_overlap.batch import StepOutput
 from opts.kda_overlap.inputs import StepShape, random_step
-from opts.kda_overlap.step import CHUNK_SIZE, step_off, step_on
+from opts.kda_overlap.naive import CHUNK_SIZE, step_off
+from opts.kda_overlap.step import step_on
 
 # K3 per rank at TP=8: 96 KDA heads / 8 = 12, head dim 128, fp32 state; MTP K=3 -> K+1 = 4 tokens per row.
-K3_HEADS, K3_HEAD_DIM = 12, 128
+K3_HEADS, K3_HEAD_DIM = K3.kda_heads_per_rank(), K3.kda_head_dim
 FULL_SHAPES = {
     "mixed_2x2048_prefill+32x4_verify": StepShape((2048, 2048), (4,) * 32, K3_HEADS, K3_HEAD_DIM, K3_HEAD_DIM),
     "verify_only_32x4": StepShape((), (4,) * 32, K3_HEADS, K3_HEAD_DIM, K3_HEAD_DIM),

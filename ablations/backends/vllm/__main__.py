@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ablations.backends.vllm.config import ModelConfig
 from ablations.backends.vllm.engine import EngineConfig
+from opts.cli import int_at_least
 
 DEFAULT_LOG = Path("outputs") / "vllm" / "vllm_server.log"
 ENGINE_FIELD_OPTIONS = {
@@ -43,23 +44,10 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message.removeprefix("argument "))
 
 
-def int_at_least(low: int, valid: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}; valid: {valid}")
-        return value
-
-    return parse
-
-
 def port_number(text: str) -> int:
     value = int_at_least(1, "a port in 1..65535")(text)
     if value > 65535:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}; valid: a port in 1..65535")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 1..65535")
     return value
 
 

@@ -72,11 +72,6 @@ def counted(name: str) -> Callable[[F], F]:
     return wrap
 
 
-def local_counts() -> dict[str, int]:
-    """This process's counts."""
-    return dict(_counts)
-
-
 def read_counts(directory: str | Path) -> dict[str, int]:
     """Counts summed over every process that wrote into `directory`."""
     total: Counter[str] = Counter()

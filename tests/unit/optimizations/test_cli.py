@@ -64,8 +64,11 @@ def test_bench_errors_name_the_choices(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["bench", "kda_overlap", "--quick", "--case", "ctx999k"]) == 2
     assert ("no benchmark case matches 'ctx999k'; cases: quick_mixed_2x256_prefill+32x4_verify, "
             "quick_verify_only_32x4, quick_prefill_only_2x256") in capsys.readouterr().err
-    assert main(["bench", "kda_overlap", "--threads", "0"]) == 2
-    assert "--threads: invalid value 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "kda_overlap", "--threads", "0"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == ("error: argument --threads: '0' is not an integer >= 1 "
+                                       "(see python -m opts bench --help)\n")
     assert main(["bench", "kda_overlap", "--budget", "-1"]) == 2
     assert capsys.readouterr().err == "error: --budget: invalid value -1.0; must be > 0 seconds\n"
     assert main(["bench", "kda_overlap", "--device", "tpu"]) == 2

@@ -21,7 +21,7 @@ from ablations.backends.vllm.cpu import (
     platform,
     sampling,
 )
-from ablations.backends.vllm.cpu.patching import counter_names, original, replace, wrap_init
+from ablations.backends.vllm.cpu.patching import original, replace, wrap_init
 from ablations.backends.vllm.cpu.triton_dispatch import rebind_kernels
 
 K3 = "vllm.models.kimi_k3.nvidia"
@@ -105,4 +105,4 @@ def install() -> None:
 
 REPLACED_KERNELS = sorted({counter for *_, counter in KERNELS + TRITON_KERNELS})
 
-__all__ = ["REPLACED_KERNELS", "counter_names", "install"]
+__all__ = ["REPLACED_KERNELS", "install"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from opts.k3 import rms_norm_fp32
+
 
 def attn_res(
     prefix: torch.Tensor,
@@ -38,7 +40,7 @@ def attn_res(
         logits = (sources @ query) * torch.rsqrt(sources.pow(2).mean(-1) + eps)
         mixed = (logits.softmax(-1).unsqueeze(-1) * sources).sum(1)
     if output_norm_weight is not None:
-        mixed = mixed * torch.rsqrt(mixed.pow(2).mean(-1, keepdim=True) + output_norm_eps) * output_norm_weight.float()
+        mixed = rms_norm_fp32(mixed, output_norm_weight, output_norm_eps)
     return mixed.to(prefix.dtype)
 
 

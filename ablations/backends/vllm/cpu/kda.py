@@ -1,4 +1,4 @@
-"""KDA kernels of vLLM's K3 / Kimi-Linear layers, replaced by the project's PyTorch KDA (opts.kda_overlap).
+"""KDA kernels of vLLM's K3 / Kimi-Linear layers, replaced by the project's PyTorch KDA (opts.k3).
 
 Replaces the Triton-only `chunk_kda_with_fused_gate`, `fused_recurrent_kda` and
 `fused_recurrent_kda_packed_decode` (vllm/models/kimi_k3/nvidia/ops/third_party/kda) with
@@ -14,68 +14,31 @@ vLLM's calling conventions kept:
   token t into slot `state_indices[n, t]`; `num_accepted[n] <= 0` makes the row null (vLLM never
   passes it: its padding uses 1; its kernel would read the slot before the row).
 
-The math itself is `KDA_IMPL` (prefill = chunked, verify = recurrent with per-position states):
-one object, so a toggle can swap it with `use_kda_impl`.
+The math is `opts.k3`'s KDA in flash-linear-attention's conventions: prefill chunked, verification
+recurrent with the state after every position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from opts.fusion.stages import kda_gate as activate_gate
-
-L2_EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class KDAImpl:
-    """The KDA math used by the replaced kernels (flash-linear-attention conventions).
-
-    prefill(q, k, v, g, beta, initial_state, cu_seqlens) -> (o [1,T,H,dv], final_state [N,H,dk,dv])
-    verify(q, k, v, g, beta, initial_state) -> (o [1,T,H,dv], states [1,T,H,dk,dv]) for one sequence
-    """
-
-    name: str
-    prefill: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    verify: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+from opts import k3
+from opts.k3 import kda_gate as activate_gate
 
 
-def naive_impl() -> KDAImpl:
-    from opts.kda_overlap import naive
-
-    def prefill(q, k, v, g, beta, initial_state, cu_seqlens):
-        return naive.chunk_kda(
-            q, k, v, g, beta, initial_state=initial_state, output_final_state=True, cu_seqlens=cu_seqlens
-        )
-
-    def verify(q, k, v, g, beta, initial_state):
-        return naive.recurrent_kda_states(q, k, v, g, beta, initial_state=initial_state)
-
-    return KDAImpl("naive", prefill, verify)
+def chunked(q, k, v, g, beta, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill: (o [1, T, H, dv], final states [N, H, dk, dv]) through the chunked KDA reference."""
+    return k3.chunk_kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
+                        cu_seqlens=cu_seqlens)
 
 
-_impl: KDAImpl | None = None
-
-
-def kda_impl() -> KDAImpl:
-    global _impl
-    if _impl is None:
-        _impl = naive_impl()
-    return _impl
-
-
-def use_kda_impl(impl: KDAImpl) -> None:
-    """Swap the KDA math behind every replaced kernel in this process."""
-    global _impl
-    _impl = impl
+def recurrent_states(q, k, v, g, beta, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verification of one sequence: (o [1, T, H, dv], the state after every token [1, T, H, dk, dv])."""
+    return k3.recurrent_kda_states(q, k, v, g, beta, initial_state=initial_state)
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
-    x = x.float()
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+    return k3.l2_normalize(x.float())
 
 
 def to_ours(state: torch.Tensor) -> torch.Tensor:
@@ -117,7 +80,7 @@ def chunk_kda_with_fused_gate(
         if initial_state is None
         else to_ours(initial_state)
     )
-    o, final = kda_impl().prefill(q.float(), k.float(), v.float(), g, beta, h0, cu_seqlens)
+    o, final = chunked(q.float(), k.float(), v.float(), g, beta, h0, cu_seqlens)
     if out is None:
         out = torch.empty_like(v)
     out.copy_(o.to(out.dtype))
@@ -159,7 +122,6 @@ def fused_recurrent_kda(
     slots = _token_slots(ssm_state_indices).tolist()
     bounds = cu_seqlens.tolist()
     accepted = num_accepted_tokens.tolist() if num_accepted_tokens is not None else None
-    impl = kda_impl()
     for n in range(len(bounds) - 1):
         bos, eos = bounds[n], bounds[n + 1]
         if eos == bos:
@@ -169,7 +131,7 @@ def fused_recurrent_kda(
             out[:, bos:eos] = 0
             continue
         rows = slice(bos, eos)
-        o, states = impl.verify(
+        o, states = recurrent_states(
             q[:, rows], k[:, rows], v[:, rows].float(), g[:, rows], beta[:, rows], to_ours(initial_state[src : src + 1])
         )
         out[:, rows] = o.to(out.dtype)
@@ -211,7 +173,7 @@ def fused_recurrent_kda_packed_decode(
     vb = v[live].view(-1, 1, H, V).float()
     g = activate_gate(raw_g[0, live].view(-1, 1, H, K), A_log, dt_bias, lower_bound)
     beta = torch.sigmoid(raw_beta[0, live].float()).view(-1, 1, H)
-    o, states = kda_impl().verify(qb, kb, vb, g, beta, to_ours(initial_state[slots]))
+    o, states = recurrent_states(qb, kb, vb, g, beta, to_ours(initial_state[slots]))
     out[0, live] = o[:, 0].to(out.dtype)
     initial_state[slots] = to_vllm(states[:, 0]).to(initial_state.dtype)
     return out, initial_state

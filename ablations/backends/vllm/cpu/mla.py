@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ablations.backends.vllm.cpu.patching import original
+from opts.k3 import rms_norm_fp32
 
 
 def _no_rope(positions: torch.Tensor | None, cos_sin_cache: torch.Tensor | None, where: str) -> None:
@@ -66,12 +67,7 @@ def fused_mla_kv_concat(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tenso
 def fused_q_kv_rmsnorm(qr, kv, q_weight, kv_weight, eps):
     """RMSNorm of the q-LoRA latent and of the KV latent (fp32 math, input dtype out)."""
 
-    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        return (y * w.float()).to(x.dtype)
-
-    return norm(qr, q_weight), norm(kv, kv_weight)
+    return rms_norm_fp32(qr, q_weight, eps).to(qr.dtype), rms_norm_fp32(kv, kv_weight, eps).to(kv.dtype)
 
 
 GATHER_TARGET = "vllm.models.kimi_k3.nvidia.mla:MultiHeadLatentAttention._gather_context_latent"

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import torch
 
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+from opts.k3 import rms_norm_fp32
 
 
 def fused_mtp_input(positions, inputs_embeds, previous_hidden_states, enorm_weight, hnorm_weight, eps):
     """[enorm(embedding, zeroed at position 0) | hnorm(previous hidden)] -> [T, 2H]."""
     embeds = inputs_embeds.masked_fill((positions == 0).view(-1, 1), 0)
     out = torch.cat(
-        [_rms_norm(embeds, enorm_weight, eps), _rms_norm(previous_hidden_states, hnorm_weight, eps)], dim=-1
+        [rms_norm_fp32(embeds, enorm_weight, eps), rms_norm_fp32(previous_hidden_states, hnorm_weight, eps)], dim=-1
     )
     return out.to(inputs_embeds.dtype)

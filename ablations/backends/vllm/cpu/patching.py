@@ -58,13 +58,6 @@ def original(target: str) -> Any:
     return _installed[target].old
 
 
-def installed() -> dict[str, Replacement]:
-    return dict(_installed)
-
-
-def counter_names() -> list[str]:
-    """Names of every counted replacement installed in this process."""
-    return sorted({r.counter for r in _installed.values() if r.counter is not None})
 
 
 def wrap_init(cls_target: str, after: Callable[[Any], None]) -> None:
@@ -79,3 +72,8 @@ def wrap_init(cls_target: str, after: Callable[[Any], None]) -> None:
 
     __init__.__wrapped__ = base_init  # type: ignore[attr-defined]
     replace(f"{cls_target}.__init__", __init__)
+
+
+def is_installed(target: str) -> bool:
+    """Whether `target` has been replaced in this process."""
+    return target in _installed

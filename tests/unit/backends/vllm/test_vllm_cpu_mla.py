@@ -110,7 +110,7 @@ def test_context_chunk_attention_writes_out_like_vllm_cpu_sdpa(vllm):
     from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
 
     target = "vllm.v1.attention.backends.mla.prefill.cpu_sdpa:CPUSDPAMLAPrefillBackend.run_prefill_context_chunk"
-    vllm_chunk = (patching.original(target) if target in patching.installed()
+    vllm_chunk = (patching.original(target) if patching.is_installed(target)
                   else CPUSDPAMLAPrefillBackend.run_prefill_context_chunk)
     backend = object.__new__(CPUSDPAMLAPrefillBackend)
     backend.scale = 0.3

@@ -18,7 +18,7 @@ def cpu_platform(vllm, monkeypatch):
     """vLLM's CpuPlatform with its own hook as the wrapped original, no AMX, os.environ restored afterwards."""
     from vllm.platforms.cpu import CpuPlatform
 
-    if platform.TARGET not in patching.installed():
+    if not patching.is_installed(platform.TARGET):
         old = CpuPlatform.__dict__["check_and_update_config"]
         monkeypatch.setitem(patching._installed, platform.TARGET,
                             patching.Replacement(platform.TARGET, old, None, None))

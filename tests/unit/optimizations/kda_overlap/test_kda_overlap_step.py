@@ -18,8 +18,8 @@ from opts.kda_overlap import (
     step_streams,
 )
 from opts.kda_overlap.inputs import StepShape, random_kda_tensors, random_state, random_step
-from opts.kda_overlap.naive import chunk_kda, recurrent_kda_states
 from opts.kda_overlap.packed import PackPlan, chunk_kda_packed
+from opts.kda_overlap.reference import chunk_kda, recurrent_kda_states
 
 F64 = torch.float64
 # lengths 1 and not a multiple of the chunk, a long prefill over many chunks, a row with nothing to verify,
@@ -113,10 +113,11 @@ def test_fast_decay_takes_the_pairwise_path(monkeypatch):
 
 
 def _count_kernel_calls(monkeypatch):
+    import opts.kda_overlap.naive as naive
     import opts.kda_overlap.step as step
 
     calls = {"recurrent": 0, "packed_rows": []}
-    recurrent, packed_kernel = step.recurrent_kda_rows, step.chunk_kda_packed
+    recurrent, packed_kernel = naive.recurrent_kda_rows, step.chunk_kda_packed
 
     def counted_recurrent(*args, **kwargs):
         calls["recurrent"] += 1
@@ -126,7 +127,8 @@ def _count_kernel_calls(monkeypatch):
         calls["packed_rows"].append(q.shape[0])
         return packed_kernel(q, *args, **kwargs)
 
-    monkeypatch.setattr(step, "recurrent_kda_rows", counted_recurrent)
+    monkeypatch.setattr(naive, "recurrent_kda_rows", counted_recurrent)
+    monkeypatch.setattr(naive, "chunk_kda_packed", counted_packed)
     monkeypatch.setattr(step, "chunk_kda_packed", counted_packed)
     return calls
 

@@ -1,4 +1,4 @@
-"""Shape checks shared by the KDA references and kernels; every error names the argument and its shape."""
+"""Shape checks of the KDA references and kernels; every error names the argument and its shape."""
 
 from __future__ import annotations
 

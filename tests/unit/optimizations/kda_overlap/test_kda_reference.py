@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opts.kda_overlap.inputs import random_kda_tensors, random_state
-from opts.kda_overlap.naive import chunk_kda, recurrent_kda, recurrent_kda_states
+from opts.kda_overlap.reference import chunk_kda, recurrent_kda, recurrent_kda_states
 
 F64 = torch.float64
 

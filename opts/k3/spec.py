@@ -1,0 +1,90 @@
+"""Kimi K3's dimensions: one spec type, the full model and the tiny one the vLLM backend serves."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+TP = 8
+
+
+@dataclass(frozen=True)
+class K3Spec:
+    """Sizes of a K3-family model (DESIGN.md, "Kimi K3, as the code models it")."""
+
+    name: str
+    num_layers: int
+    num_kda_layers: int
+    hidden: int
+    mla_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    rope_dim: int
+    qk_nope_dim: int
+    v_head_dim: int
+    kda_heads: int
+    kda_head_dim: int
+    conv_width: int
+    num_experts: int
+    num_shared_experts: int
+    experts_per_token: int
+    expert_latent: int
+    attn_res_block: int
+    mtp_layers: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "name" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"K3Spec.{f.name}: invalid value {value!r}; valid: an integer >= 1")
+        if self.num_kda_layers >= self.num_layers:
+            raise ValueError(f"K3Spec.num_kda_layers: invalid value {self.num_kda_layers!r}; "
+                             f"valid: below num_layers ({self.num_layers})")
+
+    @property
+    def num_mla_layers(self) -> int:
+        return self.num_layers - self.num_kda_layers
+
+    @property
+    def latent_dim(self) -> int:
+        """One cached MLA token: kv_lora_rank + rope_dim."""
+        return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """MLA's 1/sqrt(qk_nope_dim + rope_dim)."""
+        return 1.0 / math.sqrt(self.qk_nope_dim + self.rope_dim)
+
+    @property
+    def num_res_blocks(self) -> int:
+        """Attention-residual blocks: cdiv(num_layers, attn_res_block)."""
+        return -(-self.num_layers // self.attn_res_block)
+
+    def mla_heads_per_rank(self, tp: int = TP) -> int:
+        return _per_rank("mla_heads", self.mla_heads, tp)
+
+    def kda_heads_per_rank(self, tp: int = TP) -> int:
+        return _per_rank("kda_heads", self.kda_heads, tp)
+
+
+def _per_rank(name: str, heads: int, tp: int) -> int:
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or heads % tp:
+        raise ValueError(f"tp: invalid value {tp!r}; valid: an integer >= 1 dividing {name} ({heads})")
+    return heads // tp
+
+
+K3 = K3Spec(
+    name="kimi_k3", num_layers=93, num_kda_layers=69, hidden=7168,
+    mla_heads=96, q_lora_rank=1536, kv_lora_rank=512, rope_dim=64, qk_nope_dim=128, v_head_dim=128,
+    kda_heads=96, kda_head_dim=128, conv_width=4,
+    num_experts=896, num_shared_experts=2, experts_per_token=16, expert_latent=3584,
+    attn_res_block=12, mtp_layers=1,
+)
+
+K3_TINY = K3Spec(
+    name="k3_tiny", num_layers=4, num_kda_layers=2, hidden=256,
+    mla_heads=4, q_lora_rank=128, kv_lora_rank=512, rope_dim=64, qk_nope_dim=64, v_head_dim=64,
+    kda_heads=4, kda_head_dim=64, conv_width=4,
+    num_experts=8, num_shared_experts=1, experts_per_token=2, expert_latent=128,
+    attn_res_block=2, mtp_layers=1,
+)

@@ -1,0 +1,88 @@
+"""opts.k3: K3's dimensions (full and tiny), per-rank sizes, and the shared norms and gate."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from opts.k3 import (
+    K3,
+    K3_TINY,
+    gated_rms_norm,
+    kda_gate,
+    l2_normalize,
+    rms_norm_f64,
+    rms_norm_fp32,
+    rms_norm_native,
+)
+
+TINY_YAML = Path(__file__).parents[3] / "conf/model/k3_tiny.yaml"
+
+
+def test_full_k3_sizes() -> None:
+    assert (K3.num_layers, K3.num_kda_layers, K3.num_mla_layers, K3.hidden) == (93, 69, 24, 7168)
+    assert (K3.latent_dim, K3.num_res_blocks) == (576, 8)
+    assert K3.softmax_scale == pytest.approx(1 / math.sqrt(192))
+    assert (K3.mla_heads_per_rank(8), K3.kda_heads_per_rank(8), K3.kda_heads_per_rank(1)) == (12, 12, 96)
+
+
+def test_tiny_matches_its_model_config() -> None:
+    conf = yaml.safe_load(TINY_YAML.read_text())
+    names = {"num_layers": "num_hidden_layers", "hidden": "hidden_size", "mla_heads": "num_attention_heads",
+             "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "rope_dim": "qk_rope_head_dim",
+             "qk_nope_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim", "kda_heads": "kda_num_heads",
+             "kda_head_dim": "kda_head_dim", "conv_width": "short_conv_kernel_size", "num_experts": "num_experts",
+             "num_shared_experts": "num_shared_experts", "experts_per_token": "num_experts_per_token",
+             "expert_latent": "routed_expert_hidden_size", "attn_res_block": "attn_res_block_size",
+             "mtp_layers": "num_nextn_predict_layers"}
+    assert {ours: getattr(K3_TINY, ours) for ours in names} == {ours: conf[theirs] for ours, theirs in names.items()}
+    assert K3_TINY.num_kda_layers == len(conf["kda_layers"])
+
+
+def test_invalid_sizes_are_named() -> None:
+    with pytest.raises(ValueError, match=r"tp: invalid value 7; valid: an integer >= 1 dividing mla_heads \(96\)"):
+        K3.mla_heads_per_rank(7)
+    with pytest.raises(ValueError, match=r"K3Spec.hidden: invalid value 0"):
+        dataclasses.replace(K3, hidden=0)
+    with pytest.raises(ValueError, match=r"K3Spec.num_kda_layers"):
+        dataclasses.replace(K3, num_kda_layers=93)
+
+
+def test_rms_norm_variants_round_differently() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+    w = (1 + torch.randn(64, generator=gen) / 4).to(torch.bfloat16)
+    exact = rms_norm_f64(x, w, 1e-6)
+    native, fp32 = rms_norm_native(x, w, 1e-6), rms_norm_fp32(x, w, 1e-6)
+    assert native.dtype == torch.bfloat16 and fp32.dtype == torch.float32
+    torch.testing.assert_close(fp32.double(), exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(native.double(), exact, atol=2e-2, rtol=2e-2)
+    gate = torch.randn(4, 64, generator=gen)
+    torch.testing.assert_close(gated_rms_norm(x, gate, w, 1e-6), fp32 * torch.sigmoid(gate))
+
+
+def test_l2_normalize_and_gate() -> None:
+    x = torch.randn(3, 2, 8, dtype=torch.float64)
+    torch.testing.assert_close(l2_normalize(x).norm(dim=-1), torch.ones(3, 2, dtype=torch.float64))
+    raw, a_log, bias = torch.randn(3, 2, 8), torch.randn(2), torch.randn(16)
+    a = a_log.exp().view(2, 1)
+    torch.testing.assert_close(kda_gate(raw, a_log, bias, -5.0), -5.0 * torch.sigmoid(a * (raw + bias.view(2, 8))))
+    torch.testing.assert_close(kda_gate(raw, a_log, None, None), -a * torch.log1p(raw.exp()))
+
+
+def test_packages_take_their_per_rank_sizes_from_the_spec() -> None:
+    from opts.aiter_mla.mla import K3_TP8, MLAShape
+    from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
+    from opts.kda_overlap.cases import K3_HEAD_DIM, K3_HEADS
+
+    assert K3_TP8 == MLAShape() == MLAShape(12, 512, 64, 128, 128)
+    assert MLAShape.per_rank(K3_TINY, 2) == MLAShape(2, 512, 64, 64, 64)
+    assert (K3_HEADS, K3_HEAD_DIM) == (12, 128)
+    kda, norm, res = KdaDecodeShape(1), MlaNormShape(1), AttnResShape(1, 0)
+    assert (kda.num_heads, kda.head_dim, kda.conv_width) == (12, 128, 4)
+    assert (norm.q_lora_rank, norm.kv_lora_rank, norm.rope_dim, res.hidden, res.max_blocks) == (1536, 512, 64, 7168, 8)

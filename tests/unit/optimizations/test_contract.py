@@ -1,0 +1,157 @@
+"""Every registered optimization package has the parts `opts/base.py` lists, and imports no other one."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import opts
+from opts.base import Optimization, ToggleConfig
+from opts.registry import OPTIMIZATIONS
+
+FILES = ("__init__.py", "config.py", "naive.py", "reference.py", "cases.py", "README.md")
+OPTS_DIR = Path(opts.__file__).parent
+
+
+def optimization_packages() -> set[str]:
+    """Dotted names of the optimization packages: every package under opts/ with a config.py."""
+    return {f"opts.{p.parent.name}" for p in OPTS_DIR.glob("*/config.py")}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Absolute module names a file imports (`from opts import x` counts as opts.x)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def toggle_problems(module) -> list[str]:
+    found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, ToggleConfig)
+             and c.__module__ == module.__name__]
+    if len(found) != 1:
+        return [f"config.py: expected one ToggleConfig subclass, found {len(found)}"]
+    cls = found[0]
+    problems = []
+    params = vars(cls).get("__dataclass_params__")   # its own, not ToggleConfig's
+    if params is None or not params.frozen:
+        problems.append(f"config.py: {cls.__name__} is not a frozen dataclass")
+    if not {"off", "on"} <= set(cls.MODES):
+        problems.append(f"config.py: {cls.__name__}.MODES {cls.MODES} lacks off or on")
+    try:
+        cls(mode="no-such-mode")
+        problems.append(f"config.py: {cls.__name__} accepts mode 'no-such-mode'")
+    except ValueError:
+        pass
+    except TypeError as err:
+        problems.append(f"config.py: {cls.__name__}(mode=...) cannot be built: {err}")
+    return problems
+
+
+def contract_problems(package: str, optimization: Optimization | None = None) -> list[str]:
+    """What package `package` (importable, dotted) lacks of the contract in opts/base.py; [] when none."""
+    module = importlib.import_module(package)
+    root = Path(module.__file__).parent
+    problems = [] if optimization is None or getattr(module, "OPTIMIZATION", None) is optimization else [
+        "__init__.py: OPTIMIZATION is not the registered record"]
+    problems += [f"{name}: missing" for name in FILES if not (root / name).is_file()]
+    if (root / "config.py").is_file():
+        try:
+            problems += toggle_problems(importlib.import_module(f"{package}.config"))
+        except Exception as err:
+            problems.append(f"config.py: import fails: {err!r}")
+    if (root / "cases.py").is_file():
+        cases = importlib.import_module(f"{package}.cases")
+        bench_cases = getattr(cases, "bench_cases", None)
+        if bench_cases is None:
+            problems.append("cases.py: no bench_cases")
+        elif optimization is not None and optimization.bench_cases is not bench_cases:
+            problems.append("cases.py: bench_cases is not the registered one")
+    if (root / "README.md").is_file():
+        text = (root / "README.md").read_text()
+        problems += [f"README.md: never says {w}" for w in ("off", "on") if not re.search(rf"\b{w}\b", text)]
+    if (root / "__init__.py").is_file():
+        tree = ast.parse((root / "__init__.py").read_text())
+        targets = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                   if isinstance(t, ast.Name)]
+        if "__all__" not in targets:
+            problems.append("__init__.py: no __all__")
+    others = optimization_packages() - {package}
+    for path in sorted(root.rglob("*.py")):
+        for name in sorted(imported_modules(path)):
+            if any(name == o or name.startswith(f"{o}.") for o in others):
+                problems.append(f"{path.relative_to(root)}: imports {name}, another optimization package")
+    return problems
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZATIONS))
+def test_registered_package_keeps_the_contract(name: str) -> None:
+    optimization = OPTIMIZATIONS[name]
+    package = optimization.config_cls.__module__.rsplit(".", 1)[0]
+    assert package == f"opts.{name}"
+    assert contract_problems(package, optimization) == []
+
+
+GOOD = {
+    "__init__.py": "__all__ = []\n",
+    "config.py": ("from dataclasses import dataclass\nfrom opts.base import ToggleConfig\n\n\n"
+                  "@dataclass(frozen=True)\nclass FakeConfig(ToggleConfig):\n    pass\n"),
+    "naive.py": "",
+    "reference.py": "",
+    "cases.py": "def bench_cases(quick, device):\n    return []\n",
+    "README.md": "off runs the plain path, on the mechanism.\n",
+}
+BROKEN = {
+    "no_naive": ({"naive.py": None}, "naive.py: missing"),
+    "no_reference": ({"reference.py": None}, "reference.py: missing"),
+    "no_readme": ({"README.md": None}, "README.md: missing"),
+    "readme_without_on": ({"README.md": "off only\n"}, "never says on"),
+    "no_all": ({"__init__.py": ""}, "no __all__"),
+    "no_bench_cases": ({"cases.py": ""}, "no bench_cases"),
+    "not_frozen": ({"config.py": GOOD["config.py"].replace("@dataclass(frozen=True)\n", "")},
+                   "not a frozen dataclass"),
+    "modes_without_on": ({"config.py": GOOD["config.py"].replace("    pass", "    MODES = ('off', 'x')")},
+                         "lacks off or on"),
+    "unchecked_mode": ({"config.py": GOOD["config.py"].replace(
+        "    pass", "    def __post_init__(self):\n        pass")}, "accepts mode"),
+    "no_config": ({"config.py": None}, "config.py: missing"),
+    "imports_fusion": ({"naive.py": "from opts.fusion import stages\n"}, "imports opts.fusion"),
+    "imports_from_opts": ({"reference.py": "from opts import kda_overlap\n"}, "imports opts.kda_overlap"),
+}
+
+
+def write_package(root: Path, pkg: str, changes: dict[str, str | None]) -> None:
+    (root / pkg).mkdir()
+    for name, text in {**GOOD, **changes}.items():
+        if text is not None:
+            (root / pkg / name).write_text(text)
+
+
+@pytest.fixture
+def fake_root(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("fake_opt_")]:
+        del sys.modules[name]
+
+
+def test_a_complete_fake_package_passes(fake_root) -> None:
+    write_package(fake_root, "fake_opt_good", {})
+    assert contract_problems("fake_opt_good") == []
+
+
+@pytest.mark.parametrize("variant", list(BROKEN))
+def test_an_incomplete_fake_package_fails(fake_root, variant: str) -> None:
+    changes, problem = BROKEN[variant]
+    write_package(fake_root, f"fake_opt_{variant}", changes)
+    problems = contract_problems(f"fake_opt_{variant}")
+    assert any(problem in p for p in problems), problems
