@@ -4,6 +4,7 @@
     python -m ablations.backends.vllm serve [--port 8000] [--log FILE] [--mtp K]
     python -m ablations.backends.vllm report [--requests 16] [--max-tokens 16]
     python -m ablations.backends.vllm model [--dir DIR]
+    python -m ablations.backends.vllm patches
 
 The model directory is written on first use (~/.cache/k3-ablate/models, or K3_ABLATE_MODEL_DIR).
 `--set field=value` changes a ModelConfig field (e.g. --set dtype=bfloat16 --set kda_layers=[1,2,3]).
@@ -209,6 +210,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_patches(args: argparse.Namespace) -> int:
+    from ablations.backends.vllm.cpu import PATCHES
+    from ablations.backends.vllm.plugin import SHUTDOWN_PATCHES
+
+    rows = [(patch.target, patch.why + (f" [counted: {patch.counter}]" if patch.counter else ""))
+            for patch in SHUTDOWN_PATCHES + PATCHES]
+    print(f"{len(rows)} patches installed in every vLLM process on a CPU platform, the first "
+          f"{len(SHUTDOWN_PATCHES)} on every platform (target -> why):")
+    width = max(len(target) for target, _ in rows)
+    for target, why in rows:
+        print(f"{target:<{width}}  {why}")
+    return 0
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="python -m ablations.backends.vllm", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,6 +250,8 @@ def build_parser() -> Parser:
     serve = sub.choices["serve"]
     serve.add_argument("--port", type=port_number, default=8000)
     serve.add_argument("--log", default=str(DEFAULT_LOG), help=f"server log (default: {DEFAULT_LOG})")
+    sub.add_parser("patches", help="list the patches the plugin installs: target -> why").set_defaults(
+        func=cmd_patches)
     report = sub.choices["report"]
     report.add_argument("--requests", type=int_at_least(1, "a positive integer"), default=16)
     report.add_argument("--max-tokens", type=int_at_least(1, "a positive integer"), default=16)

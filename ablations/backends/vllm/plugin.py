@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from ablations.backends.vllm.patches import Patch, install_all
+
 SUPPORTED_VLLM_VERSION = "0.32.0"
 
 
@@ -34,24 +36,23 @@ def installed_vllm_version() -> str:
     return vllm.__version__
 
 
-def quiet_planned_shutdown() -> None:
-    """After `MPClient.shutdown` starts, the output loop's EngineDeadError ends it as cancelled, not failed.
+CORE_CLIENT = "vllm.v1.engine.core_client"
+PLANNED_SHUTDOWN_WHY = (
+    "S21: a server stopped by SIGINT/SIGTERM logged an EngineDeadError traceback: AsyncLLM.shutdown "
+    "(v1/engine/async_llm.py:296-308) stops the engine core before cancelling its output handler, which "
+    "reads the error the stopping client queues (core_client.py:509-539, 1211-1235)")
 
-    `AsyncLLM.shutdown` (v1/engine/async_llm.py:296-308) stops the engine core first and cancels its
-    output handler after; in between the handler reads the EngineDeadError the stopping client queues
-    (core_client.py:509-539, 1211-1235) and logs it with a traceback (async_llm.py:906), so a server
-    stopped by SIGINT or SIGTERM looked crashed. The handler then ends as the cancel meant it to.
-    """
-    from vllm.v1.engine.core_client import AsyncMPClient, MPClient
-    from vllm.v1.engine.exceptions import EngineDeadError
 
-    if getattr(MPClient.shutdown, "k3_planned_shutdown", False):
-        return
-    base_shutdown, base_get_output = MPClient.shutdown, AsyncMPClient.get_output_async
-
+def _mark_stopping(base_shutdown):
     def shutdown(self, timeout: float | None = None) -> None:
         self.k3_stopping = True
         base_shutdown(self, timeout)
+
+    return shutdown
+
+
+def _cancel_when_stopping(base_get_output):
+    from vllm.v1.engine.exceptions import EngineDeadError
 
     async def get_output_async(self):
         try:
@@ -61,15 +62,20 @@ def quiet_planned_shutdown() -> None:
                 raise asyncio.CancelledError from None
             raise
 
-    shutdown.k3_planned_shutdown = True
-    MPClient.shutdown = shutdown
-    AsyncMPClient.get_output_async = get_output_async
+    return get_output_async
+
+
+# After MPClient.shutdown starts, the output loop's EngineDeadError ends it as cancelled, not failed.
+SHUTDOWN_PATCHES = [
+    Patch(f"{CORE_CLIENT}:MPClient.shutdown", _mark_stopping, PLANNED_SHUTDOWN_WHY),
+    Patch(f"{CORE_CLIENT}:AsyncMPClient.get_output_async", _cancel_when_stopping, PLANNED_SHUTDOWN_WHY),
+]
 
 
 def register() -> None:
     """Plugin entry point."""
     check_vllm_version(installed_vllm_version())
-    quiet_planned_shutdown()
+    install_all(SHUTDOWN_PATCHES)
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ablations.backends.vllm.cpu.patching import original
+from ablations.backends.vllm.patches import original
 from opts.k3 import rms_norm_fp32
 
 

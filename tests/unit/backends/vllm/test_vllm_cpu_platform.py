@@ -10,7 +10,8 @@ import types
 import pytest
 import torch
 
-from ablations.backends.vllm.cpu import patching, platform
+from ablations.backends.vllm import patches as patching
+from ablations.backends.vllm.cpu import platform
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def cpu_platform(vllm, monkeypatch):
     if not patching.is_installed(platform.TARGET):
         old = CpuPlatform.__dict__["check_and_update_config"]
         monkeypatch.setitem(patching._installed, platform.TARGET,
-                            patching.Replacement(platform.TARGET, old, None, None))
+                            patching.Installed(old, ()))
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     environ = dict(os.environ)
     yield CpuPlatform

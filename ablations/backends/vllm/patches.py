@@ -1,0 +1,125 @@
+"""The one patch layer: every change the project makes to vLLM is a `Patch` of an attribute, set from our side.
+
+A patch's `wrap` receives what its target holds when the patch is installed and returns the replacement,
+so a later patch of the same target wraps the earlier one (a toggle can wrap a CPU fix). Nothing in the
+installed vllm is edited; `original(target)` is what the target held before any patch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ablations.backends.vllm.counters import counted
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Set `target` ("module:attr" or "module:Class.attr") to `wrap(current value)`; `why` names the reason
+    (a CPU fix's S-number, or the toggle). With `counter`, calls of the replacement are counted under it."""
+
+    target: str
+    wrap: Callable[[Any], Any] = field(compare=False)
+    why: str
+    counter: str | None = None
+
+    def __post_init__(self) -> None:
+        module, sep, path = self.target.partition(":")
+        if not (module and sep and path):
+            raise ValueError(f"Patch.target: invalid value {self.target!r}; expected 'module:attr' or "
+                             "'module:Class.attr'")
+        if not self.why.strip():
+            raise ValueError(f"Patch.why: empty for {self.target!r}; say what the patch fixes or switches")
+
+
+def replacement(new: Any) -> Callable[[Any], Any]:
+    """A `wrap` that ignores what the target held and puts `new` there."""
+    return lambda _old: new
+
+
+def after_init(after: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """A `wrap` for a "module:Class.__init__" target: run `after(self)` at the end of the constructor."""
+
+    def wrap(base_init: Callable[..., None]) -> Callable[..., None]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            base_init(self, *args, **kwargs)
+            after(self)
+
+        __init__.__wrapped__ = base_init  # type: ignore[attr-defined]
+        return __init__
+
+    return wrap
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A target's attribute before any patch (`old`) and the patches applied to it, in order."""
+
+    old: Any
+    patches: tuple[Patch, ...]
+
+
+_installed: dict[str, Installed] = {}
+
+
+def resolve(target: str) -> tuple[Any, str]:
+    """The object holding `target`'s attribute, and the attribute name."""
+    module_name, _, path = target.partition(":")
+    if not path:
+        raise ValueError(f"patch target {target!r}: expected 'module:attr' or 'module:Class.attr'")
+    owner: Any = importlib.import_module(module_name)
+    *parents, attr = path.split(".")
+    for name in parents:
+        owner = getattr(owner, name)
+    if not hasattr(owner, attr):
+        raise AttributeError(f"patch target {target!r}: {owner!r} has no attribute {attr!r} (vLLM changed?)")
+    return owner, attr
+
+
+def _current(owner: Any, attr: str) -> Any:
+    """The attribute as stored: a class's own classmethod/staticmethod object, not the bound function."""
+    return owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+
+
+def _counted(value: Any, counter: str) -> Any:
+    if isinstance(value, classmethod | staticmethod):
+        return type(value)(counted(counter)(value.__func__))
+    return counted(counter)(value)
+
+
+def install(patch: Patch) -> None:
+    """Apply `patch` on top of whatever its target holds now; installing the same patch again does nothing."""
+    done = _installed.get(patch.target)
+    if done is not None and patch in done.patches:
+        return
+    owner, attr = resolve(patch.target)
+    current = _current(owner, attr)
+    value = patch.wrap(current)
+    if patch.counter is not None:
+        value = _counted(value, patch.counter)
+    setattr(owner, attr, value)
+    old = current if done is None else done.old
+    _installed[patch.target] = Installed(old, (*(done.patches if done else ()), patch))
+
+
+def install_all(patches: Iterable[Patch]) -> None:
+    """Install each patch, in order."""
+    for patch in patches:
+        install(patch)
+
+
+def original(target: str) -> Any:
+    """What `target` held before any patch (a class's classmethod/staticmethod object as stored)."""
+    return _installed[target].old
+
+
+def is_installed(target: str) -> bool:
+    """Whether any patch of `target` is installed in this process."""
+    return target in _installed
+
+
+def installed() -> list[Patch]:
+    """Every patch installed in this process, in installation order per target."""
+    return [patch for done in _installed.values() for patch in done.patches]
