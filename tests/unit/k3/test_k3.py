@@ -13,6 +13,7 @@ import yaml
 from opts.k3 import (
     K3,
     K3_TINY,
+    L2_NORM_EPS,
     gated_rms_norm,
     kda_gate,
     l2_normalize,
@@ -67,9 +68,14 @@ def test_rms_norm_variants_round_differently() -> None:
 
 
 def test_l2_normalize_and_gate() -> None:
-    x = torch.randn(3, 2, 8, dtype=torch.float64)
-    torch.testing.assert_close(l2_normalize(x).norm(dim=-1), torch.ones(3, 2, dtype=torch.float64))
-    raw, a_log, bias = torch.randn(3, 2, 8), torch.randn(2), torch.randn(16)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 2, 8, dtype=torch.float64, generator=gen)
+    x[0, 0] *= 1e-4                     # a tiny vector: the epsilon inside the square root matters
+    expected = x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_NORM_EPS)
+    torch.testing.assert_close(l2_normalize(x), expected, atol=0, rtol=1e-12)
+    assert l2_normalize(x)[0, 0].norm() < 0.999
+    raw, a_log = torch.randn(3, 2, 8, generator=gen), torch.randn(2, generator=gen)
+    bias = torch.randn(16, generator=gen)
     a = a_log.exp().view(2, 1)
     torch.testing.assert_close(kda_gate(raw, a_log, bias, -5.0), -5.0 * torch.sigmoid(a * (raw + bias.view(2, 8))))
     torch.testing.assert_close(kda_gate(raw, a_log, None, None), -a * torch.log1p(raw.exp()))
