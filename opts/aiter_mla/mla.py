@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
 
 from opts.k3 import K3, TP, K3Spec
+from opts.k3.spec import mla_latent_dim, mla_softmax_scale
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,11 @@ class MLAShape:
 
     @property
     def latent_dim(self) -> int:
-        """Width of one cached token: kv_lora_rank + rope_dim (576 for K3)."""
-        return self.kv_lora_rank + self.rope_dim
+        return mla_latent_dim(self.kv_lora_rank, self.rope_dim)
 
     @property
     def softmax_scale(self) -> float:
-        """1/sqrt(qk_nope_dim + rope_dim) = 1/sqrt(192) for K3."""
-        return 1.0 / math.sqrt(self.qk_nope_dim + self.rope_dim)
-
+        return mla_softmax_scale(self.qk_nope_dim, self.rope_dim)
 
     @classmethod
     def per_rank(cls, spec: K3Spec, tp: int = TP) -> MLAShape:

@@ -47,13 +47,11 @@ class K3Spec:
 
     @property
     def latent_dim(self) -> int:
-        """One cached MLA token: kv_lora_rank + rope_dim."""
-        return self.kv_lora_rank + self.rope_dim
+        return mla_latent_dim(self.kv_lora_rank, self.rope_dim)
 
     @property
     def softmax_scale(self) -> float:
-        """MLA's 1/sqrt(qk_nope_dim + rope_dim)."""
-        return 1.0 / math.sqrt(self.qk_nope_dim + self.rope_dim)
+        return mla_softmax_scale(self.qk_nope_dim, self.rope_dim)
 
     @property
     def num_res_blocks(self) -> int:
@@ -65,6 +63,16 @@ class K3Spec:
 
     def kda_heads_per_rank(self, tp: int = TP) -> int:
         return _per_rank("kda_heads", self.kda_heads, tp)
+
+
+def mla_latent_dim(kv_lora_rank: int, rope_dim: int) -> int:
+    """Width of one cached MLA token: kv_lora_rank + rope_dim (576 for K3)."""
+    return kv_lora_rank + rope_dim
+
+
+def mla_softmax_scale(qk_nope_dim: int, rope_dim: int) -> float:
+    """MLA's 1/sqrt(qk_nope_dim + rope_dim) (1/sqrt(192) for K3)."""
+    return 1.0 / math.sqrt(qk_nope_dim + rope_dim)
 
 
 def _per_rank(name: str, heads: int, tp: int) -> int:
