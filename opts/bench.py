@@ -108,26 +108,41 @@ def _timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - start
 
 
+class Rounds:
+    """One call = one round of a pair: off then on, or on then off (flipped every round, so drift hits both
+    alike); keeps each side's seconds. The one off/on timing loop of the project (`compare`, the benchmarks)."""
+
+    def __init__(self, pair: BenchPair, device: str) -> None:
+        self.pair, self.device = pair, device
+        self.off_s: list[float] = []
+        self.on_s: list[float] = []
+
+    def __call__(self) -> None:
+        if len(self.off_s) % 2:
+            self.on_s.append(_timed(self.pair.on, self.device))
+            self.off_s.append(_timed(self.pair.off, self.device))
+        else:
+            self.off_s.append(_timed(self.pair.off, self.device))
+            self.on_s.append(_timed(self.pair.on, self.device))
+
+    def timing(self) -> Timing:
+        return Timing(list(self.off_s), list(self.on_s))
+
+
 def compare(pair: BenchPair, device: str, *, budget_s: float = 1.0, min_rounds: int = 3,
             max_rounds: int = 200, warm: bool = True) -> Timing:
-    """Time off and on in alternating order (off-on, on-off, ...) so drift hits both alike.
+    """Time off and on in alternating rounds for `budget_s` (at least `min_rounds`, at most `max_rounds`).
 
-    The one off/on timing loop of the project. `warm` runs each side once first, untimed.
+    `warm` runs each side once first, untimed.
     """
     if warm:
         pair.off()
         pair.on()
-    off_times: list[float] = []
-    on_times: list[float] = []
+    rounds = Rounds(pair, device)
     deadline = time.perf_counter() + budget_s
-    while len(off_times) < max_rounds and (len(off_times) < min_rounds or time.perf_counter() < deadline):
-        if len(off_times) % 2:
-            on_times.append(_timed(pair.on, device))
-            off_times.append(_timed(pair.off, device))
-        else:
-            off_times.append(_timed(pair.off, device))
-            on_times.append(_timed(pair.on, device))
-    return Timing(off_times, on_times)
+    while len(rounds.off_s) < max_rounds and (len(rounds.off_s) < min_rounds or time.perf_counter() < deadline):
+        rounds()
+    return rounds.timing()
 
 
 def checked_pair(case: BenchCase, device: str) -> tuple[BenchPair, float]:

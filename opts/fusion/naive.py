@@ -15,9 +15,8 @@ from opts.fusion import stages, vllm_kernels
 from opts.fusion.checks import check_kda_decode, check_mla_norm
 from opts.fusion.compiled import compiled
 from opts.fusion.inputs import KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
-from opts.k3 import kda_gate
 
-__all__ = ["CONV_BACKENDS", "causal_conv_update", "conv_backend", "gated_rms_norm", "kda_decode_unfused", "kda_gate",
+__all__ = ["CONV_BACKENDS", "causal_conv_update", "conv_backend", "gated_rms_norm", "kda_decode_unfused",
            "kda_recurrent_decode", "mla_norm_unfused", "rms_norm"]
 
 CONV_BACKENDS = ("vllm", "inductor")

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,7 +32,7 @@ import torch
 
 from opts import registry
 from opts.base import BenchCase
-from opts.bench import checked_pair, default_device, machine_info, synchronize
+from opts.bench import Rounds, checked_pair, default_device, machine_info
 
 MIN_ROUNDS, MAX_ROUNDS = 3, 30
 
@@ -85,24 +83,6 @@ def _threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-class _Rounds:
-    """One benchmark round = off then on, or on then off (flipped every round); keeps each side's seconds."""
-
-    def __init__(self, off: Callable[[], Any], on: Callable[[], Any], device: str) -> None:
-        self.sides = (("off", off), ("on", on))
-        self.device = device
-        self.seconds: dict[str, list[float]] = {"off": [], "on": []}
-
-    def __call__(self) -> None:
-        order = self.sides if len(self.seconds["off"]) % 2 == 0 else self.sides[::-1]
-        for name, fn in order:
-            synchronize(self.device)
-            start = time.perf_counter()
-            fn()
-            synchronize(self.device)
-            self.seconds[name].append(time.perf_counter() - start)
-
-
 @pytest.fixture
 def run_bench(benchmark: Any, _threads: None) -> Callable[[BenchCase], None]:
     """run_bench(case): check on against off, then (when measuring) time both interleaved in this one test."""
@@ -114,20 +94,19 @@ def run_bench(benchmark: Any, _threads: None) -> Callable[[BenchCase], None]:
         benchmark.extra_info.update({"case": case.name, "bytes": case.bytes, "flops": case.flops,
                                      "max_abs_diff": max_abs_diff, "atol": case.atol, "rtol": case.rtol,
                                      **machine_info(device), **case.info})
-        rounds = _Rounds(pair.off, pair.on, device)
         if not benchmark.enabled:
-            benchmark.pedantic(rounds, rounds=1, iterations=1)
+            benchmark.pedantic(Rounds(pair, device), rounds=1, iterations=1)
             return
-        rounds()
-        first = rounds.seconds["off"][0] + rounds.seconds["on"][0]
-        rounds.seconds = {"off": [], "on": []}
+        probe = Rounds(pair, device)
+        probe()
+        first = probe.off_s[0] + probe.on_s[0]
         count = min(MAX_ROUNDS, max(MIN_ROUNDS, math.ceil(seconds_per_case() / first)))
+        rounds = Rounds(pair, device)
         benchmark.pedantic(rounds, rounds=count, iterations=1)
-        off, on = rounds.seconds["off"], rounds.seconds["on"]
-        off_s, on_s = statistics.median(off), statistics.median(on)
+        timing = rounds.timing()
+        off_s, on_s = timing.off_median_s, timing.on_median_s
         benchmark.extra_info.update({
-            "off_median_s": off_s, "on_median_s": on_s,
-            "ratio": statistics.median(a / b for a, b in zip(off, on, strict=True)),
+            "off_median_s": off_s, "on_median_s": on_s, "ratio": timing.ratio,
             "off_GBps": case.bytes / off_s / 1e9, "on_GBps": case.bytes / on_s / 1e9,
             "on_GFLOPs": case.flops / on_s / 1e9,
         })
