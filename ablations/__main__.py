@@ -1,4 +1,6 @@
-"""`python -m ablations`: the Hydra app. At this stage a run builds its workload and reports its statistics.
+"""`python -m ablations`: the Hydra app. A run builds its workload and reports its statistics; with
+`backend=vllm` it also starts the tiny model's engine with the toggle vector `opts/<name>=<mode>` and
+greedy-generates from the workload's first requests (`ablations/backends/vllm/cell.py`).
 
 A bad value is a one-line `error: ...` on stderr and exit code 2; a failed run leaves no run directory.
 """
@@ -17,8 +19,10 @@ from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from ablations.backends.vllm.cell import PROCESS_DIR, run_cell
 from ablations.config import AppConfig, check_overrides, register_configs, to_app
 from ablations.workload import format_stats, load_workload, trace_stats, write_trace
+from opts.registry import vector_dict
 
 register_configs()
 log = logging.getLogger("ablations")
@@ -33,11 +37,16 @@ def run(app: AppConfig, out_dir: Path) -> dict:
     result = {
         "workload": app.workload.name,
         "stats": stats,
-        "seconds": time.perf_counter() - start,
+        "toggles": vector_dict(app.toggles()),
         "tags": list(app.tags),
     }
     log.info("workload %s:\n%s", app.workload.name, format_stats(stats))
     out_dir.mkdir(parents=True, exist_ok=True)
+    if app.backend is not None:
+        result["model"] = app.model.name
+        result["backend"] = run_cell(app.backend, app.model, result["toggles"], trace, out_dir,
+                                     app.paths.model_cache)
+    result["seconds"] = time.perf_counter() - start
     if app.save_trace:
         result["trace_file"] = str(write_trace(trace, out_dir / TRACE_FILE))
     path = out_dir / app.result_file
@@ -58,6 +67,7 @@ def discard(out_dir: Path, made: list[str]) -> None:
     """Remove what a failed run put in `out_dir` (Hydra's files and `made`), then the directories it leaves
     empty up to the working directory."""
     shutil.rmtree(out_dir / ".hydra", ignore_errors=True)
+    shutil.rmtree(out_dir / PROCESS_DIR, ignore_errors=True)
     for name in made:
         (out_dir / name).unlink(missing_ok=True)
     cwd, out = Path.cwd().resolve(), out_dir.resolve()

@@ -3,9 +3,10 @@ and composition the app and the tests share."""
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +16,59 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ablations.backends.vllm.config import ModelConfig
+from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
+from ablations.paths import PathsConfig
 from ablations.workload.config import WorkloadConfig
 from ablations.workload.config import register_configs as register_workload
-from opts.base import check_known_fields
+from opts.base import ToggleConfig, check_known_fields
+from opts.registry import OPTIMIZATIONS, make_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 ROOT_SCHEMA = "app_schema"
 MODEL_SCHEMA = "model_schema"
-GROUPS = ("experiment", "model", "workload")
+BACKEND_SCHEMA = "backend_schema"
+PATHS_SCHEMA = "paths_schema"
+OPTS_GROUP = "opts"
+GROUPS = ("experiment", "model", "workload", "backend", "paths", *(f"{OPTS_GROUP}/{name}" for name in OPTIMIZATIONS))
+
+
+
+def toggle_node(cls: type[ToggleConfig]) -> type:
+    """A mutable mirror of the frozen ToggleConfig `cls` for Hydra to merge into (tuples become lists); the app
+    turns each node back into `cls`, which validates it."""
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in fields(cls):
+        hint, default = hints[f.name], f.default
+        if typing.get_origin(hint) is tuple:
+            hint = list[typing.get_args(hint)[0]]
+            specs.append((f.name, hint, field(default_factory=lambda d=default: list(d))))
+        else:
+            specs.append((f.name, hint, field(default=default)))
+    node = make_dataclass(f"{cls.__name__}Node", specs)
+    node.__module__ = __name__
+    node.__doc__ = f"Hydra node of {cls.__module__}.{cls.__name__}."
+    return node
+
+
+TOGGLE_NODES = {name: toggle_node(opt.config_cls) for name, opt in OPTIMIZATIONS.items()}
+# The toggle vector node: one field per registered optimization.
+OptsConfig = make_dataclass(
+    "OptsConfig", [(name, node, field(default_factory=node)) for name, node in TOGGLE_NODES.items()])
+OptsConfig.__doc__ = "The toggle vector: each optimization's config (conf/opts/<name>/<mode>.yaml)."
+OptsConfig.__module__ = __name__
 
 
 @dataclass
 class AppConfig:
-    """Root of `conf/config.yaml`. Each group's node is typed by its own schema."""
+    """Root of `conf/config.yaml`. Each group's node is typed by its own schema; `backend` null runs the
+    workload alone (its statistics), `backend=vllm` also starts an engine with the toggle vector `opts`."""
 
     workload: WorkloadConfig = MISSING
     model: ModelConfig = MISSING
+    opts: OptsConfig = field(default_factory=OptsConfig)  # type: ignore[valid-type]
+    backend: VllmBackendConfig | None = None
+    paths: PathsConfig = field(default_factory=PathsConfig)
     save_trace: bool = False
     result_file: str = "result.json"
     tags: list[str] = field(default_factory=list)
@@ -39,6 +76,17 @@ class AppConfig:
     def __post_init__(self) -> None:
         if not self.result_file or Path(self.result_file).name != self.result_file:
             raise ValueError(f"AppConfig.result_file: {self.result_file!r} is not a plain file name")
+        self.toggles()
+
+    def toggles(self) -> dict[str, ToggleConfig]:
+        """The toggle vector as validated configs, in registry order (a bad value names opts.<name>.<field>)."""
+        vector = {}
+        for name in OPTIMIZATIONS:
+            try:
+                vector[name] = make_config(name, **asdict(getattr(self.opts, name)))
+            except ValueError as err:
+                raise ValueError(f"opts.{name}: {err}") from None
+        return vector
 
 
 def register_configs() -> None:
@@ -46,6 +94,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name=ROOT_SCHEMA, node=AppConfig)
     cs.store(name=MODEL_SCHEMA, node=ModelConfig)
+    cs.store(name=BACKEND_SCHEMA, node=VllmBackendConfig)
+    cs.store(name=PATHS_SCHEMA, node=PathsConfig)
     register_workload(cs)
 
 
@@ -61,10 +111,19 @@ def _values(override: Override) -> list[str]:
     return [] if value is None else [str(value)]
 
 
+def _dataclass_of(hint: Any) -> Any:
+    """`hint` itself, or the dataclass inside `X | None`."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        inner = [a for a in typing.get_args(hint) if is_dataclass(a)]
+        return inner[0] if len(inner) == 1 else hint
+    return hint
+
+
 def _check_field(key: str) -> None:
     node: Any = AppConfig
     names = key.split(".")
     for depth, name in enumerate(names):
+        node = _dataclass_of(node)
         if not is_dataclass(node):
             return
         if name not in {f.name for f in fields(node)}:
@@ -82,10 +141,16 @@ def check_overrides(overrides: Sequence[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception:
         return
+    chosen = {o.key_or_group: o for o in parsed if o.key_or_group in GROUPS}
     for override in parsed:
         key = override.key_or_group
-        if key.split(".")[0] == "hydra" or "/" in key or override.package is not None or override.is_delete():
+        if key.startswith("backend.") and "backend" not in chosen:
+            raise ValueError(f"{key}: no backend is selected (the default is null); valid: add "
+                             f"backend={' or backend='.join(group_options('backend'))}")
+        if key.split(".")[0].split("/")[0] == "hydra" or override.package is not None or override.is_delete():
             continue
+        if "/" in key and key not in GROUPS:
+            raise ValueError(f"{key}: unknown group; groups: {', '.join(GROUPS)}")
         if key in GROUPS:
             valid = group_options(key)
             for value in _values(override):

@@ -7,11 +7,16 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
 - mechanism module(s): on, the same function as off (bit-exact, or within the tolerance the package states).
 - `reference.py`: the float64 reference off and on are tested against.
 - `cases.py`: `bench_cases(quick, device)`, the microbenchmarks the registry lists.
+- `vllm.py`: how the toggle reaches vLLM, as data: `vllm_setting(config, platform) -> VllmSetting` (engine
+  arguments, environment, `additional_config` entries, patches each with target, wrapper and why) and
+  `STOCK_MODES`, the mode that equals stock vLLM per platform (its setting is empty: no patch, no argument).
+  A cell vLLM cannot run raises ValueError naming the valid modes there. It imports nothing from `ablations`
+  and vLLM only inside its wrappers; `off` on vLLM runs `naive.py`'s functions, `on` the mechanism's.
 - `README.md`: the mechanism, its math, what off and on run per platform, measured numbers and their machine.
 - `__init__.py`: the public API (`__all__`) and the `OPTIMIZATION` record `opts.registry` lists.
 
 A package imports no other optimization package: K3's sizes and shared math live in `opts.k3`.
-Later parts: `vllm.py` (the toggle wired into vLLM) and `sim.py` (the mechanism in the cost model).
+Later part: `sim.py` (the mechanism in the cost model).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
+
+from opts.vllm_setting import VllmSetting
 
 
 def check_known_fields(cls: type, names: Iterable[str], where: str | None = None) -> None:
@@ -97,13 +104,21 @@ class Optimization:
     """One switchable optimization: its name, config type and microbenchmarks.
 
     `bench_cases(quick, device)` lists the cases; `quick` picks the small set used by `--quick`.
+    `vllm_setting(config, platform)` is what a config changes in vLLM there (`vllm.py`); `stock_modes` maps each
+    platform to the mode that is stock vLLM there.
     """
 
     name: str
     description: str
     config_cls: type[ToggleConfig]
     bench_cases: Callable[[bool, str], list[BenchCase]]
+    vllm_setting: Callable[[Any, str], VllmSetting]
+    stock_modes: dict[str, str]
 
     def config(self, **values: Any) -> ToggleConfig:
         """A validated config of this optimization."""
         return self.config_cls.from_dict(values)
+
+    def stock_config(self, platform: str) -> ToggleConfig:
+        """The config that is stock vLLM on `platform`."""
+        return self.config_cls(mode=self.stock_modes[platform])

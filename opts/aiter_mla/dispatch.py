@@ -59,15 +59,19 @@ def missing(backend: str) -> str | None:
     return None
 
 
+def off_tiling(config: AiterMLAConfig, device_type: str) -> split_kv.Tiling:
+    """Off's split-KV tiling: the config's tile_tokens / stage_bytes, each 0 taking the device default."""
+    default = split_kv.default_tiling(device_type)
+    return split_kv.Tiling(config.tile_tokens or default.tile_tokens, config.stage_bytes or default.stage_bytes)
+
+
 def make_decode(config: AiterMLAConfig, device: str | torch.device = "cpu") -> Decode:
     """The decode `config` selects on `device`: decode(q_nope, q_pe, kv_cache, block_table, context_lens,
     w_uk, w_uv, *, shape=K3_TP8, out=None) -> [B, H, v_head]."""
     device_type = torch.device(device).type
     backend = select_backend(config.mode, config.on_backend, device_type, torch.version.hip is not None)
     if backend == OFF_BACKEND:
-        default = split_kv.default_tiling(device_type)
-        tiling = split_kv.Tiling(config.tile_tokens or default.tile_tokens, config.stage_bytes or default.stage_bytes)
-        return functools.partial(naive.decode, tiling=tiling)
+        return functools.partial(naive.decode, tiling=off_tiling(config, device_type))
     reason = missing(backend)
     if reason:
         raise ValueError(reason)

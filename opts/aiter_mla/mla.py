@@ -83,6 +83,28 @@ def check_inputs(shape: MLAShape, q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c
         raise ValueError("kv_cache: must be contiguous (the paged pool is read in place)")
 
 
+def check_latent_inputs(q_latent: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                        context_lens: torch.Tensor, kv_lora_rank: int) -> None:
+    """Shapes and dtypes of one latent attention call (W_UK already absorbed into the query):
+    q_latent [B, H, latent], kv_cache [num_blocks, block_size, latent] (contiguous, q's dtype),
+    block_table [B, max_blocks] and context_lens [B] (integer), 0 < kv_lora_rank < latent."""
+    if q_latent.dim() != 3:
+        raise ValueError(f"q_latent: shape {list(q_latent.shape)} does not match the expected [*, *, *]")
+    batch, latent = q_latent.shape[0], q_latent.shape[2]
+    _expect("kv_cache", kv_cache, (None, None, latent))
+    _expect("block_table", block_table, (batch, None))
+    _expect("context_lens", context_lens, (batch,))
+    if kv_cache.dtype != q_latent.dtype:
+        raise ValueError(f"q_latent: dtype {q_latent.dtype} differs from kv_cache's {kv_cache.dtype}")
+    if not 0 < kv_lora_rank < latent:
+        raise ValueError(f"kv_lora_rank: invalid value {kv_lora_rank}; must be in (0, {latent}), the latent width")
+    for name, t in (("block_table", block_table), ("context_lens", context_lens)):
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise ValueError(f"{name}: dtype {t.dtype} is not an integer type")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache: must be contiguous (the paged pool is read in place)")
+
+
 def check_lengths(context_lens: list[int], table_width: int, block_size: int) -> None:
     """Every context length is at least 1 and fits its block-table row."""
     max_tokens = table_width * block_size

@@ -12,6 +12,7 @@ from types import ModuleType
 import torch
 
 from opts.aiter_mla.mla import K3_TP8, MLAShape, absorbed_decode
+from opts.vllm_import import hide_media_wheels
 
 BLOCK_SIZE = 16
 LATENT_DIM, KV_LORA_RANK = 576, 512
@@ -20,8 +21,6 @@ KERNEL = "mla_decode_kvcache"
 
 @functools.cache
 def _ops() -> ModuleType:
-    from ablations.backends.vllm.runtime import hide_media_wheels
-
     hide_media_wheels()
     import vllm._custom_ops as ops
 

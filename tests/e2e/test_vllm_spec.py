@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from vllm_pool import MAX_TOKENS, random_prompts
 
-from ablations.backends.vllm.counters import read_counts
 from ablations.backends.vllm.cpu.kda import MIXED_STEP_COUNTER
 
 pytestmark = pytest.mark.e2e
@@ -27,9 +26,8 @@ def test_mtp_drafts_are_verified(pool):
     assert drafts >= 4 * (MAX_TOKENS - 1)
 
 
-def test_mtp_steps_mix_prefill_chunks_with_verification(pool, counter_dir):
-    pool.generate("mtp", PROMPTS)
-    assert read_counts(counter_dir).get(MIXED_STEP_COUNTER, 0) > 0
+def test_mtp_steps_mix_prefill_chunks_with_verification(pool):
+    assert pool.generate("mtp", PROMPTS, counted=True).counts.get(MIXED_STEP_COUNTER, 0) > 0
 
 
 def test_mtp_random_sampling_runs(pool):

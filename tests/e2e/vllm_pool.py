@@ -6,7 +6,8 @@ a result is not cached yet. Tests that compare two engines thus never hold both.
 
 One pool serves the whole pytest process (`shared_pool`): the e2e tests and the engine benchmark
 (tests/benchmarks/test_vllm_engine.py) reuse its engines and results. It owns the counter directory
-every vLLM process it starts writes its replaced-kernel counts to.
+every vLLM process it starts writes its replaced-kernel counts and patch records to: one subdirectory per
+engine name.
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV
+from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts, wait_flushed
 from ablations.backends.vllm.engine import EngineConfig, build_llm, random_prompts, shutdown_llm
 from ablations.backends.vllm.plugin import check_vllm_version
 from ablations.backends.vllm.runtime import hide_media_wheels
+from ablations.backends.vllm.toggles import read_records
+from opts.registry import OPTIMIZATIONS
 
 SKIP_ENV = "K3_SKIP_E2E"
 
@@ -34,7 +37,7 @@ MAX_TOKENS = 16
 # with verification rows); a 128-token cache block takes 2+ chunks.
 SMALL_BUDGET = 64
 
-ENGINES: dict[str, EngineConfig] = {
+STOCK_ENGINES: dict[str, EngineConfig] = {
     "base": EngineConfig(model=MODEL, skip_tokenizer_init=True),
     "cached": EngineConfig(
         model=MODEL, skip_tokenizer_init=True, enable_prefix_caching=True, max_num_batched_tokens=SMALL_BUDGET
@@ -48,9 +51,29 @@ ENGINES: dict[str, EngineConfig] = {
         num_speculative_tokens=2, rejection_sample_method="synthetic", synthetic_acceptance_rates=[1.0, 1.0],
     ),
 }
+# Every toggle that has a stock mode on a CPU, at that mode: a vector that must install no patch.
+STOCK_VECTOR = {name: {"mode": opt.stock_modes["cpu"]} for name, opt in OPTIMIZATIONS.items()
+                if "cpu" in opt.stock_modes}
+# Engines that set one toggle on top of STOCK_VECTOR: name -> (stock engine it builds on, toggle, mode).
+TOGGLED: dict[str, tuple[str, str, str]] = {
+    "aiter_mla_off": ("cached", "aiter_mla", "off"),
+    "kda_overlap_on": ("mtp", "kda_overlap", "on"),
+    "fusion_off": ("cached", "fusion", "off"),
+    "fusion_on": ("cached", "fusion", "on"),
+}
+ENGINES = STOCK_ENGINES
 
 
-__all__ = ["ENGINES", "MAX_TOKENS", "EnginePool", "random_prompts", "require_vllm", "shared_pool"]
+def engine_config(name: str) -> EngineConfig:
+    """The EngineConfig of a stock or toggled engine (a toggled one is validated only when asked for)."""
+    if name in STOCK_ENGINES:
+        return STOCK_ENGINES[name]
+    stock, toggle, mode = TOGGLED[name]
+    return replace(STOCK_ENGINES[stock], toggles={**STOCK_VECTOR, toggle: {"mode": mode}})
+
+
+__all__ = ["ENGINES", "MAX_TOKENS", "STOCK_VECTOR", "TOGGLED", "EnginePool", "engine_config", "random_prompts",
+           "require_vllm", "shared_pool"]
 
 
 def vllm_import_error() -> str | None:
@@ -88,9 +111,12 @@ def require_vllm() -> None:
 
 @dataclass
 class Generation:
+    """Token ids and cached-token counts per prompt; `counts`: kernel calls this generation made (if asked)."""
+
     tokens: list[list[int]]
     num_cached_tokens: list[int]
     seconds: float
+    counts: dict[str, int] | None = None
 
 
 @dataclass
@@ -101,23 +127,32 @@ class EnginePool:
     start_seconds: dict[str, float] = field(default_factory=dict)
     cache: dict[tuple, Generation] = field(default_factory=dict)
 
+    def engine_dir(self, name: str) -> Path:
+        """Where engine `name`'s vLLM processes write their counts and patch records."""
+        return self.counter_dir / name
+
     def engine(self, name: str) -> Any:
         if self.current != name:
             self.close()
             t0 = time.perf_counter()
-            self.llm = build_llm(ENGINES[name])
+            os.environ[COUNTER_DIR_ENV] = str(self.engine_dir(name))
+            self.llm = build_llm(engine_config(name))
             self.start_seconds[name] = time.perf_counter() - t0
             self.current = name
         return self.llm
 
     def generate(
         self, name: str, prompts: list[list[int]], max_tokens: int = MAX_TOKENS, temperature: float = 0.0,
-        one_by_one: bool = False, key: str = "",
+        one_by_one: bool = False, key: str = "", counted: bool = False,
     ) -> Generation:
-        """Greedy (by default) token ids for `prompts` on engine `name`; memoized by all arguments."""
-        cache_key = (name, tuple(map(tuple, prompts)), max_tokens, temperature, one_by_one, key)
+        """Greedy (by default) token ids for `prompts` on engine `name`; memoized by all arguments.
+        `counted`: also record the kernel calls this generation makes (waits for the counters to flush)."""
+        cache_key = (name, tuple(map(tuple, prompts)), max_tokens, temperature, one_by_one, key, counted)
         if cache_key not in self.cache:
             llm = self.engine(name)
+            if counted:
+                wait_flushed()
+                before = read_counts(self.engine_dir(name))
             from vllm import SamplingParams
 
             params = SamplingParams(
@@ -130,12 +165,33 @@ class EnginePool:
                 for batch in batches
                 for out in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
             ]
+            seconds = time.perf_counter() - t0
+            counts = None
+            if counted:
+                wait_flushed()
+                after = read_counts(self.engine_dir(name))
+                counts = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
             self.cache[cache_key] = Generation(
                 [list(o.outputs[0].token_ids) for o in outputs],
                 [o.num_cached_tokens or 0 for o in outputs],
-                time.perf_counter() - t0,
+                seconds,
+                counts,
             )
         return self.cache[cache_key]
+
+    def processes(self, name: str) -> list[dict[str, Any]]:
+        """Patch records of engine `name`'s vLLM processes (starting it if it never ran in this session)."""
+        if not read_records(self.engine_dir(name)):
+            self.engine(name)
+        return read_records(self.engine_dir(name))
+
+    def total_counts(self) -> dict[str, int]:
+        """Kernel calls summed over every engine this pool started (complete once the engines stopped)."""
+        total: dict[str, int] = {}
+        for directory in sorted(p for p in self.counter_dir.iterdir() if p.is_dir()):
+            for k, v in read_counts(directory).items():
+                total[k] = total.get(k, 0) + v
+        return total
 
     def metric(self, name: str, metric: str) -> float:
         """Sum of vLLM's own Prometheus counter `metric` on engine `name` (starting it if needed: read

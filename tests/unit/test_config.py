@@ -16,8 +16,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 
 import ablations.__main__ as app_main
+from ablations.backends.vllm.config import VllmBackendConfig
 from ablations.config import CONF_DIR, GROUPS, check_overrides, compose_app, group_options, register_configs
 from ablations.workload.paths import TRACES
+from opts.registry import OPTIMIZATIONS
 
 MOONCAKE = {"workload.preset": None, "workload.block_size": 512, "workload.schedule": "open"}
 # What each option of each group changes in the default composition (`python -m ablations` with no overrides).
@@ -26,6 +28,12 @@ CHANGES = {
         "cpu_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small", "tags": ["cpu_small"]},
     },
     "model": {"k3_tiny": {}},
+    "paths": {"default": {}},
+    "backend": {"vllm": {f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items()}},
+    "opts/aiter_mla": {"off": {}, "on": {"opts.aiter_mla.mode": "on"}},
+    "opts/kda_overlap": {"off": {}, "on": {"opts.kda_overlap.mode": "on"},
+                         "streams": {"opts.kda_overlap.mode": "streams"}},
+    "opts/fusion": {"off": {}, "on": {"opts.fusion.mode": "on"}},
     "workload": {
         "agentx": {},
         "agentx_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small"},
@@ -50,14 +58,15 @@ def flat(node: dict, prefix: str = "") -> dict:
 
 def changes(overrides: list[str]) -> dict:
     base, new = flat(asdict(compose_app([]))), flat(asdict(compose_app(overrides)))
-    assert base.keys() == new.keys()
-    return {key: new[key] for key in new if new[key] != base[key]}
+    return {key: new[key] for key in new if new[key] != base.get(key)}
 
 
 def test_the_default_composition():
     app = compose_app([])
     assert (app.workload.name, app.workload.preset, app.workload.schedule) == ("agentx", "agentx", "closed")
     assert (app.model.name, app.save_trace, app.result_file, app.tags) == ("k3_tiny", False, "result.json", [])
+    assert app.backend is None and app.paths.output_root == "outputs"
+    assert {name: config.mode for name, config in app.toggles().items()} == dict.fromkeys(OPTIMIZATIONS, "off")
 
 
 def test_every_option_of_every_group_is_listed_here():
@@ -86,8 +95,18 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload; "
-                   "fields: model, result_file, save_trace, tags, workload"),
+        ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload, backend, paths, "
+                   "opts/aiter_mla, opts/kda_overlap, opts/fusion; "
+                   "fields: backend, model, opts, paths, result_file, save_trace, tags, workload"),
+        ("opts/kda=on", "opts/kda: unknown group; groups: experiment, model, workload, backend, paths, "),
+        ("opts/kda_overlap=fast", "opts/kda_overlap: unknown option 'fast'; valid options: off, on, streams"),
+        ("opts.kda_overlap.chunk=8", "opts.kda_overlap: unknown field(s) chunk; valid fields: chunk_size, mode"),
+        ("opts.kda_overlap.chunk_size=33", "opts.kda_overlap: KdaOverlapConfig.chunk_size: invalid value 33"),
+        ("opts.fusion.mechanisms=[attn_res]", "opts.fusion: FusionConfig.mechanisms: invalid value(s) 'attn_res'"),
+        ("backend=sim", "backend: unknown option 'sim'; valid options: vllm"),
+        ("backend.max_tokens=4", "backend.max_tokens: no backend is selected (the default is null); valid: add "
+                                 "backend=vllm"),
+        ("paths.root=x", "paths: unknown field(s) root; valid fields: model_cache, output_root"),
         ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, "
                           "mooncake_conversation, mooncake_synthetic"),
         ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
@@ -111,6 +130,8 @@ def test_known_names_and_hydra_keys_pass_the_check():
 
 
 def test_typed_schema_rejects_bad_values():
+    with pytest.raises(ValueError, match=r"VllmBackendConfig.max_tokens: invalid value 0"):
+        compose_app(["backend=vllm", "backend.max_tokens=0"])
     with pytest.raises(ValueError, match=r"WorkloadConfig.schedule: invalid value 'sometimes'"):
         compose_app(["workload.schedule=sometimes"])
     with pytest.raises(ConfigCompositionException, match="num_sessions"):

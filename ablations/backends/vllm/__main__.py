@@ -4,7 +4,7 @@
     python -m ablations.backends.vllm serve [--port 8000] [--log FILE] [--mtp K]
     python -m ablations.backends.vllm report [--requests 16] [--max-tokens 16]
     python -m ablations.backends.vllm model [--dir DIR]
-    python -m ablations.backends.vllm patches
+    python -m ablations.backends.vllm patches [opts/kda_overlap=on ...] [--platform cpu|rocm|cuda]
 
 The model directory is written on first use (~/.cache/k3-ablate/models, or K3_ABLATE_MODEL_DIR).
 `--set field=value` changes a ModelConfig field (e.g. --set dtype=bfloat16 --set kda_layers=[1,2,3]).
@@ -27,6 +27,7 @@ from pathlib import Path
 from ablations.backends.vllm.config import ModelConfig
 from ablations.backends.vllm.engine import EngineConfig
 from opts.cli import int_at_least
+from opts.vllm_setting import PLATFORMS
 
 DEFAULT_LOG = Path("outputs") / "vllm" / "vllm_server.log"
 ENGINE_FIELD_OPTIONS = {
@@ -210,14 +211,44 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def toggle_overrides(items: list[str]) -> dict[str, dict]:
+    """`opts/<name>=<mode>` and `opts.<name>.<field>=<value>` (the Hydra app's spelling) as a toggle vector."""
+    from opts.registry import names
+
+    vector: dict[str, dict] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        group, _, name = key.partition("/")
+        if sep and group == "opts" and name and "." not in name:
+            vector.setdefault(name, {})["mode"] = value
+            continue
+        parts = key.split(".")
+        if sep and len(parts) == 3 and parts[0] == "opts":
+            vector.setdefault(parts[1], {})[parts[2]] = parse_value(value)
+            continue
+        raise UsageError(f"{item!r}: invalid toggle override; valid: opts/<name>=<mode> or "
+                         f"opts.<name>.<field>=<value>, names: {', '.join(names())}")
+    return vector
+
+
 def cmd_patches(args: argparse.Namespace) -> int:
     from ablations.backends.vllm.cpu import PATCHES
     from ablations.backends.vllm.plugin import SHUTDOWN_PATCHES
+    from ablations.backends.vllm.toggles import WORKER_PATCH, toggle_patches
+    from opts.registry import parse_vector
 
+    try:
+        vector = parse_vector(toggle_overrides(args.overrides), "toggles")
+        toggled = toggle_patches(vector, args.platform)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    fixes = PATCHES if args.platform == "cpu" else []
     rows = [(patch.target, patch.why + (f" [counted: {patch.counter}]" if patch.counter else ""))
-            for patch in SHUTDOWN_PATCHES + PATCHES]
-    print(f"{len(rows)} patches installed in every vLLM process on a CPU platform, the first "
-          f"{len(SHUTDOWN_PATCHES)} on every platform (target -> why):")
+            for patch in [*SHUTDOWN_PATCHES, *fixes, WORKER_PATCH, *toggled]]
+    shown = ", ".join(f"{name}={config.mode}" for name, config in vector.items()) or "none"
+    print(f"{len(rows)} patches on {args.platform} with toggles {shown}: "
+          f"{len(SHUTDOWN_PATCHES)} on every platform, {len(fixes)} CPU fixes, the toggle hook, "
+          f"{len(toggled)} from the toggles, installed where a worker is built (target -> why):")
     width = max(len(target) for target, _ in rows)
     for target, why in rows:
         print(f"{target:<{width}}  {why}")
@@ -250,8 +281,11 @@ def build_parser() -> Parser:
     serve = sub.choices["serve"]
     serve.add_argument("--port", type=port_number, default=8000)
     serve.add_argument("--log", default=str(DEFAULT_LOG), help=f"server log (default: {DEFAULT_LOG})")
-    sub.add_parser("patches", help="list the patches the plugin installs: target -> why").set_defaults(
-        func=cmd_patches)
+    patches = sub.add_parser("patches", help="list the patches the plugin installs for a toggle vector: target -> why")
+    patches.set_defaults(func=cmd_patches)
+    patches.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                         help="toggle overrides: opts/<name>=<mode>, opts.<name>.<field>=<value>")
+    patches.add_argument("--platform", choices=PLATFORMS, default="cpu")
     report = sub.choices["report"]
     report.add_argument("--requests", type=int_at_least(1, "a positive integer"), default=16)
     report.add_argument("--max-tokens", type=int_at_least(1, "a positive integer"), default=16)

@@ -156,3 +156,42 @@ class ModelConfig:
         """Build from a plain mapping (e.g. a Hydra node), naming unknown fields."""
         check_known_fields(cls, values)
         return cls(**values)
+
+
+@dataclass
+class VllmBackendConfig:
+    """The `backend=vllm` group: the engine a run starts for the `model` group's tiny model, and the short
+    greedy generation it makes from the workload's first `num_requests` requests (prompts cut to
+    `max_prompt_tokens`, `max_tokens` each). Defaults: MTP with 2 drafts, prefix caching and a 64-token step
+    budget, so steps mix prefill chunks with verification rows (what kda_overlap acts on)."""
+
+    name: str = "vllm"
+    platform: str = "cpu"
+    max_model_len: int = 2048
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = 64
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    num_speculative_tokens: int = 2
+    spec_method: str = "mtp"
+    kv_cache_gib: int = 1
+    seed: int = 0
+    num_requests: int = 8
+    max_prompt_tokens: int = 512
+    max_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("num_requests", "max_prompt_tokens", "max_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"VllmBackendConfig.{name}: invalid value {getattr(self, name)!r}; valid: a "
+                                 "positive integer")
+        if self.max_prompt_tokens + self.max_tokens > self.max_model_len:
+            raise ValueError(f"VllmBackendConfig.max_prompt_tokens: {self.max_prompt_tokens} + max_tokens "
+                             f"{self.max_tokens} exceed max_model_len {self.max_model_len}; valid: at most "
+                             f"{self.max_model_len} together")
+
+    def engine_fields(self) -> dict[str, Any]:
+        """The fields that are EngineConfig fields."""
+        run_only = {"name", "num_requests", "max_prompt_tokens", "max_tokens"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in run_only}

@@ -1,8 +1,9 @@
 """Per-process call counts of the plugin's replaced kernels, readable from other processes.
 
-When `K3_ABLATE_COUNTER_DIR` is set, each vLLM process writes its counts to `<dir>/<pid>.json`:
-at once when a kernel is called for the first time, at most every `FLUSH_INTERVAL_S` after that,
-and at exit. `read_counts(dir)` sums all processes.
+When `K3_ABLATE_COUNTER_DIR` is set, each vLLM process writes its counts to `<dir>/<pid>.counts.json`:
+at once when a kernel is called for the first time, then from a background thread within `FLUSH_INTERVAL_S`
+of any new call, and at exit. `read_counts(dir)` sums all processes; `wait_flushed()` is how long a reader
+waits after the last call for every count to be on disk.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import atexit
 import functools
 import json
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,9 +22,12 @@ from typing import Any, TypeVar
 COUNTER_DIR_ENV = "K3_ABLATE_COUNTER_DIR"
 FLUSH_INTERVAL_S = 0.5
 
+COUNTS_SUFFIX = ".counts.json"
+
 _counts: Counter[str] = Counter()
-_last_flush = 0.0
-_atexit_registered = False
+_lock = threading.Lock()
+_dirty = threading.Event()
+_started = False
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,28 +39,48 @@ def counter_dir() -> Path | None:
 
 def flush() -> None:
     """Write this process's counts now (no-op without `K3_ABLATE_COUNTER_DIR`)."""
-    global _last_flush
     directory = counter_dir()
     if directory is None:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{os.getpid()}.json"
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(_counts), sort_keys=True))
-    tmp.replace(target)
-    _last_flush = time.monotonic()
+    target = directory / f"{os.getpid()}{COUNTS_SUFFIX}"
+    tmp = directory / f".{os.getpid()}.counts.tmp"
+    with _lock:
+        tmp.write_text(json.dumps(dict(_counts), sort_keys=True))
+        tmp.replace(target)
+
+
+def _flush_loop() -> None:
+    while True:
+        _dirty.wait()
+        time.sleep(FLUSH_INTERVAL_S)
+        _dirty.clear()
+        flush()
+
+
+def _start() -> None:
+    global _started
+    _started = True
+    atexit.register(flush)
+    threading.Thread(target=_flush_loop, name="k3-ablate-counters", daemon=True).start()
 
 
 def count(name: str) -> None:
     """Record one call of the replaced kernel `name`."""
-    global _atexit_registered
-    is_new = name not in _counts
-    _counts[name] += 1
-    if not _atexit_registered:
-        atexit.register(flush)
-        _atexit_registered = True
-    if is_new or time.monotonic() - _last_flush > FLUSH_INTERVAL_S:
+    with _lock:
+        is_new = name not in _counts
+        _counts[name] += 1
+    if not _started:
+        _start()
+    if is_new:
         flush()
+    else:
+        _dirty.set()
+
+
+def wait_flushed() -> None:
+    """Sleep until counts made before this call are on disk in every process (the flush thread's period)."""
+    time.sleep(3 * FLUSH_INTERVAL_S)
 
 
 def counted(name: str) -> Callable[[F], F]:
@@ -75,6 +100,6 @@ def counted(name: str) -> Callable[[F], F]:
 def read_counts(directory: str | Path) -> dict[str, int]:
     """Counts summed over every process that wrote into `directory`."""
     total: Counter[str] = Counter()
-    for path in sorted(Path(directory).glob("*.json")):
+    for path in sorted(Path(directory).glob(f"*{COUNTS_SUFFIX}")):
         total.update(json.loads(path.read_text()))
     return dict(total)

@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.config import ModelConfig
+from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.cpu.loader import LOAD_FORMAT
 from ablations.backends.vllm.runtime import hide_media_wheels, vllm_process_env
 from ablations.backends.vllm.tiny_model import write_model_dir
+from ablations.backends.vllm.toggles import CONFIG_KEY
 from opts.base import check_known_fields
+from opts.registry import parse_vector, vector_dict, vllm_settings
+from opts.vllm_setting import VllmSetting, check_platform
 
 DEFAULT_MODEL_DIR = Path(os.environ.get("K3_ABLATE_MODEL_DIR", Path.home() / ".cache" / "k3-ablate" / "models"))
 SPEC_METHODS = ("mtp", "ngram")
@@ -37,14 +40,18 @@ def _bad(name: str, value: Any, valid: str) -> ValueError:
 class EngineConfig:
     """One vLLM engine over a tiny K3-family model.
 
-    `model_dir` empty: `<K3_ABLATE_MODEL_DIR or ~/.cache/k3-ablate/models>/<model.name>-<digest>`.
+    `model_dir` empty: `<model_cache or K3_ABLATE_MODEL_DIR or ~/.cache/k3-ablate/models>/<model.name>-<digest>`.
     `num_speculative_tokens` 0 turns speculation off. `kv_cache_gib` sizes the CPU KV cache.
     `shutdown_timeout_s`: how long a stopping engine lets its processes finish before killing them.
     `served_model_name` empty: the model's name (`k3_tiny`), the name clients send to the server.
+    `toggles`: the toggle vector {optimization: {field: value}}; each toggle's `vllm.py` setting for `platform`
+    adds engine arguments, environment and patches, and the vector travels to every vLLM process in
+    `additional_config["k3_ablate"]`. Empty: stock vLLM (with the CPU fixes on a CPU).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     model_dir: str = ""
+    model_cache: str = ""
     served_model_name: str = ""
     max_model_len: int = 2048
     max_num_seqs: int = 16
@@ -62,10 +69,17 @@ class EngineConfig:
     log_stats: bool = True
     shutdown_timeout_s: int = 10
     additional_config: dict[str, Any] = field(default_factory=dict)
+    toggles: dict[str, Any] = field(default_factory=dict)
+    platform: str = "cpu"
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
+        check_platform(self.platform)
+        if CONFIG_KEY in self.additional_config:
+            raise _bad("additional_config", self.additional_config, f"no {CONFIG_KEY!r} entry (set `toggles`)")
+        self.toggles = vector_dict(parse_vector(dict(self.toggles), "EngineConfig.toggles"))
+        self.settings()
         for name in ("max_model_len", "max_num_seqs", "kv_cache_gib"):
             if getattr(self, name) <= 0:
                 raise _bad(name, getattr(self, name), "a positive integer")
@@ -105,6 +119,10 @@ class EngineConfig:
         check_known_fields(cls, values)
         return cls(**values)
 
+    def settings(self) -> dict[str, VllmSetting]:
+        """What each toggle changes in vLLM on `platform` (a cell vLLM cannot run raises ValueError)."""
+        return vllm_settings(parse_vector(self.toggles), self.platform)
+
     @property
     def served_name(self) -> str:
         return self.served_model_name or self.model.name
@@ -114,7 +132,8 @@ class EngineConfig:
             return Path(self.model_dir)
         from ablations.backends.vllm.tiny_model import config_digest
 
-        return DEFAULT_MODEL_DIR / f"{self.model.name}-{config_digest(self.model)}"
+        cache = Path(self.model_cache) if self.model_cache else DEFAULT_MODEL_DIR
+        return cache / f"{self.model.name}-{config_digest(self.model)}"
 
     def ensure_model_dir(self) -> Path:
         """Write the model directory if it is missing or stale; returns it."""
@@ -157,8 +176,17 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     spec = cfg.speculative_config()
     if spec is not None:
         kwargs["speculative_config"] = spec
-    if cfg.additional_config:
-        kwargs["additional_config"] = dict(cfg.additional_config)
+    extra = dict(cfg.additional_config)
+    for name, setting in cfg.settings().items():
+        clash = sorted((set(setting.engine_args) & set(kwargs)) | (set(setting.additional_config) & set(extra)))
+        if clash:
+            raise ValueError(f"toggle {name}: its vLLM setting overrides {', '.join(clash)}, already set")
+        kwargs.update(setting.engine_args)
+        extra.update(setting.additional_config)
+    if cfg.toggles:
+        extra[CONFIG_KEY] = cfg.toggles
+    if extra:
+        kwargs["additional_config"] = extra
     return kwargs
 
 
@@ -199,10 +227,13 @@ def server_args(cfg: EngineConfig) -> list[str]:
 
 def engine_env(cfg: EngineConfig) -> dict[str, str]:
     """Environment entries a vLLM process for `cfg` needs (on top of the hiding in `vllm_process_env`)."""
-    return {
+    env = {
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if cfg.multiprocess else "0",
     }
+    for setting in cfg.settings().values():
+        env.update(setting.env)
+    return env
 
 
 def process_env(cfg: EngineConfig, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -290,3 +321,11 @@ def time_engine(cfg: EngineConfig, batches: list[list[list[int]]], max_tokens: i
             timings.append(BatchTiming(time.perf_counter() - t1, len(prompts), sum(map(len, prompts)),
                                        sum(len(o.outputs[0].token_ids) for o in outputs)))
     return EngineTiming(start_s, timings)
+
+
+def engine_config(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, Any],
+                  model_cache: str = "") -> EngineConfig:
+    """The EngineConfig of a run: the backend's engine settings, the model group's model, the toggle vector.
+    `model_cache`: the directory model directories go in ("" = the default cache)."""
+    return EngineConfig(model=model, model_cache=model_cache, toggles=toggles, skip_tokenizer_init=True,
+                        **backend.engine_fields())

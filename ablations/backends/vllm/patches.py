@@ -2,36 +2,22 @@
 
 A patch's `wrap` receives what its target holds when the patch is installed and returns the replacement,
 so a later patch of the same target wraps the earlier one (a toggle can wrap a CPU fix). Nothing in the
-installed vllm is edited; `original(target)` is what the target held before any patch.
+installed vllm is edited; `original(target)` is what the target held before any patch. The record `Patch`
+is data (`opts.vllm_setting`), so an optimization's `vllm.py` declares patches without importing this layer.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ablations.backends.vllm.counters import counted
+from opts.vllm_setting import Patch
 
-
-@dataclass(frozen=True)
-class Patch:
-    """Set `target` ("module:attr" or "module:Class.attr") to `wrap(current value)`; `why` names the reason
-    (a CPU fix's S-number, or the toggle). With `counter`, calls of the replacement are counted under it."""
-
-    target: str
-    wrap: Callable[[Any], Any] = field(compare=False)
-    why: str
-    counter: str | None = None
-
-    def __post_init__(self) -> None:
-        module, sep, path = self.target.partition(":")
-        if not (module and sep and path):
-            raise ValueError(f"Patch.target: invalid value {self.target!r}; expected 'module:attr' or "
-                             "'module:Class.attr'")
-        if not self.why.strip():
-            raise ValueError(f"Patch.why: empty for {self.target!r}; say what the patch fixes or switches")
+__all__ = ["Patch", "after_init", "install", "install_all", "installed", "is_installed", "original",
+           "replacement", "resolve"]
 
 
 def replacement(new: Any) -> Callable[[Any], Any]:
@@ -62,6 +48,7 @@ class Installed:
 
 
 _installed: dict[str, Installed] = {}
+_order: list[Patch] = []
 
 
 def resolve(target: str) -> tuple[Any, str]:
@@ -102,6 +89,7 @@ def install(patch: Patch) -> None:
     setattr(owner, attr, value)
     old = current if done is None else done.old
     _installed[patch.target] = Installed(old, (*(done.patches if done else ()), patch))
+    _order.append(patch)
 
 
 def install_all(patches: Iterable[Patch]) -> None:
@@ -121,5 +109,5 @@ def is_installed(target: str) -> bool:
 
 
 def installed() -> list[Patch]:
-    """Every patch installed in this process, in installation order per target."""
-    return [patch for done in _installed.values() for patch in done.patches]
+    """Every patch installed in this process, in installation order."""
+    return list(_order)

@@ -1,8 +1,10 @@
 """vLLM general plugin (entry point `vllm.general_plugins: k3_ablate`): runs in every vLLM process.
 
 It checks the vLLM version it was written against, makes a planned server shutdown end without an
-EngineDeadError traceback (any platform), then on a CPU platform installs the project's CPU path for
-Kimi K3 (`cpu/`). Loading twice in one process is harmless.
+EngineDeadError traceback (any platform), on a CPU platform installs the project's CPU path for Kimi K3
+(`cpu/`), and hooks worker construction so that the toggle vector in `additional_config["k3_ablate"]`
+installs its patches on top (`toggles.py`). Each process records what it installed (`toggles.write_record`).
+Loading twice in one process is harmless.
 """
 
 from __future__ import annotations
@@ -82,3 +84,7 @@ def register() -> None:
         from ablations.backends.vllm.cpu import install
 
         install()
+    from ablations.backends.vllm.toggles import WORKER_PATCH, write_record
+
+    install_all([WORKER_PATCH])
+    write_record()

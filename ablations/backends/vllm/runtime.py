@@ -15,14 +15,9 @@ import os
 import sys
 from pathlib import Path
 
+from opts.vllm_import import MEDIA_WHEELS, is_cpu_torch
+
 STARTUP_DIR = Path(__file__).with_name("_startup")
-HIDDEN_MODULES = ("torchvision", "torchaudio", "torchcodec")
-
-
-def is_cpu_torch() -> bool:
-    import torch
-
-    return not (torch.version.cuda or torch.version.hip)
 
 
 def with_startup_dir(pythonpath: str) -> str:
@@ -37,7 +32,7 @@ def hide_media_wheels() -> None:
     """
     if not is_cpu_torch():
         return
-    for name in HIDDEN_MODULES:
+    for name in MEDIA_WHEELS:
         if sys.modules.get(name) is not None:
             raise RuntimeError(f"{name} was imported before hide_media_wheels(); call it before importing vllm")
         sys.modules[name] = None

@@ -13,8 +13,9 @@ import pytest
 import opts
 from opts.base import Optimization, ToggleConfig
 from opts.registry import OPTIMIZATIONS
+from opts.vllm_setting import PLATFORMS, VllmSetting
 
-FILES = ("__init__.py", "config.py", "naive.py", "reference.py", "cases.py", "README.md")
+FILES = ("__init__.py", "config.py", "naive.py", "reference.py", "cases.py", "vllm.py", "README.md")
 OPTS_DIR = Path(opts.__file__).parent
 
 
@@ -57,6 +58,39 @@ def toggle_problems(module) -> list[str]:
     return problems
 
 
+def vllm_problems(package: str, root: Path, optimization: Optimization | None) -> list[str]:
+    """vllm.py: STOCK_MODES and vllm_setting (the registered ones), stock cells empty, no `ablations` import."""
+    problems = [f"vllm.py: imports {name}" for name in sorted(imported_modules(root / "vllm.py"))
+                if name == "ablations" or name.startswith("ablations.")]
+    try:
+        module = importlib.import_module(f"{package}.vllm")
+    except Exception as err:
+        return [*problems, f"vllm.py: import fails: {err!r}"]
+    setting, stock = getattr(module, "vllm_setting", None), getattr(module, "STOCK_MODES", None)
+    if not callable(setting) or not isinstance(stock, dict):
+        return [*problems, "vllm.py: needs vllm_setting(config, platform) and STOCK_MODES"]
+    if optimization is not None and (optimization.vllm_setting is not setting or optimization.stock_modes is not stock):
+        problems.append("vllm.py: vllm_setting / STOCK_MODES are not the registered ones")
+    config_cls = None
+    if (root / "config.py").is_file():
+        config_cls = next((c for c in vars(importlib.import_module(f"{package}.config")).values()
+                           if isinstance(c, type) and issubclass(c, ToggleConfig) and c is not ToggleConfig), None)
+    for platform, mode in stock.items():
+        if platform not in PLATFORMS:
+            problems.append(f"vllm.py: STOCK_MODES names unknown platform {platform!r}")
+            continue
+        if config_cls is None:
+            continue
+        try:
+            result = setting(config_cls(mode=mode), platform)
+        except Exception as err:
+            problems.append(f"vllm.py: stock cell {mode} on {platform} fails: {err!r}")
+            continue
+        if not isinstance(result, VllmSetting) or not result.is_stock:
+            problems.append(f"vllm.py: stock cell {mode} on {platform} is not an empty VllmSetting: {result!r}")
+    return problems
+
+
 def contract_problems(package: str, optimization: Optimization | None = None) -> list[str]:
     """What package `package` (importable, dotted) lacks of the contract in opts/base.py; [] when none."""
     module = importlib.import_module(package)
@@ -76,6 +110,8 @@ def contract_problems(package: str, optimization: Optimization | None = None) ->
             problems.append("cases.py: no bench_cases")
         elif optimization is not None and optimization.bench_cases is not bench_cases:
             problems.append("cases.py: bench_cases is not the registered one")
+    if (root / "vllm.py").is_file():
+        problems += vllm_problems(package, root, optimization)
     if (root / "README.md").is_file():
         text = (root / "README.md").read_text()
         problems += [f"README.md: never says {w}" for w in ("off", "on") if not re.search(rf"\b{w}\b", text)]
@@ -108,8 +144,13 @@ GOOD = {
     "naive.py": "",
     "reference.py": "",
     "cases.py": "def bench_cases(quick, device):\n    return []\n",
+    "vllm.py": ("from opts.vllm_setting import Patch, VllmSetting\n\nSTOCK_MODES = {'cpu': 'off'}\n\n\n"
+                "def vllm_setting(config, platform):\n"
+                "    if config.mode == 'off':\n        return VllmSetting()\n"
+                "    return VllmSetting(patches=[Patch('m:f', lambda old: old, 'fake')])\n"),
     "README.md": "off runs the plain path, on the mechanism.\n",
 }
+GOOD_VLLM = GOOD["vllm.py"]
 BROKEN = {
     "no_naive": ({"naive.py": None}, "naive.py: missing"),
     "no_reference": ({"reference.py": None}, "reference.py: missing"),
@@ -126,6 +167,14 @@ BROKEN = {
     "no_config": ({"config.py": None}, "config.py: missing"),
     "imports_fusion": ({"naive.py": "from opts.fusion import stages\n"}, "imports opts.fusion"),
     "imports_from_opts": ({"reference.py": "from opts import kda_overlap\n"}, "imports opts.kda_overlap"),
+    "no_vllm": ({"vllm.py": None}, "vllm.py: missing"),
+    "vllm_imports_ablations": ({"vllm.py": GOOD_VLLM + "from ablations.backends.vllm import patches\n"},
+                               "vllm.py: imports ablations.backends.vllm"),
+    "vllm_without_stock_modes": ({"vllm.py": GOOD_VLLM.replace("STOCK_MODES", "STOCK")},
+                                 "needs vllm_setting(config, platform) and STOCK_MODES"),
+    "stock_cell_patches": ({"vllm.py": GOOD_VLLM.replace("'cpu': 'off'", "'cpu': 'on'")},
+                           "stock cell on on cpu is not an empty VllmSetting"),
+    "unknown_platform": ({"vllm.py": GOOD_VLLM.replace("'cpu'", "'tpu'")}, "unknown platform 'tpu'"),
 }
 
 

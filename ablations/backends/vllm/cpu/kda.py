@@ -1,4 +1,4 @@
-"""KDA kernels of vLLM's K3 / Kimi-Linear layers, replaced by the project's PyTorch KDA (opts.k3).
+"""KDA kernels of vLLM's K3 / Kimi-Linear layers, replaced by the project's PyTorch KDA.
 
 Replaces the Triton-only `chunk_kda_with_fused_gate`, `fused_recurrent_kda` and
 `fused_recurrent_kda_packed_decode` (vllm/models/kimi_k3/nvidia/ops/third_party/kda) with
@@ -14,8 +14,11 @@ vLLM's calling conventions kept:
   token t into slot `state_indices[n, t]`; `num_accepted[n] <= 0` makes the row null (vLLM never
   passes it: its padding uses 1; its kernel would read the slot before the row).
 
-The math is `opts.k3`'s KDA in flash-linear-attention's conventions: prefill chunked, verification
-recurrent with the state after every position.
+Prefill and verification run kda_overlap's off code (`opts.kda_overlap.vllm_kernels`, over
+`naive.step_off`): the verification rows through the batched recurrent form with the state after
+every position, the prefill segments through the packed chunked form (chunks of 64). So the
+stock cell of the `kda_overlap` toggle is the function its microbenchmark calls off, and its `on`
+patches (opts/kda_overlap/vllm.py) wrap these two. Plain decode runs `opts.k3`'s recurrent KDA.
 """
 
 from __future__ import annotations
@@ -24,16 +27,14 @@ import torch
 
 from opts import k3
 from opts.k3 import kda_gate as activate_gate
+from opts.kda_overlap.vllm_kernels import chunk_kda_with_fused_gate, fused_recurrent_kda
 
-
-def chunked(q, k, v, g, beta, initial_state, cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill: (o [1, T, H, dv], final states [N, H, dk, dv]) through the chunked KDA reference."""
-    return k3.chunk_kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=True,
-                        cu_seqlens=cu_seqlens)
+__all__ = ["MIXED_STEP_COUNTER", "activate_gate", "chunk_kda_with_fused_gate", "fused_recurrent_kda",
+           "fused_recurrent_kda_packed_decode", "gather_initial_states", "observe_mixed_steps"]
 
 
 def recurrent_states(q, k, v, g, beta, initial_state) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verification of one sequence: (o [1, T, H, dv], the state after every token [1, T, H, dk, dv])."""
+    """Decode: (o [B, 1, H, dv], the state after the token [B, 1, H, dk, dv])."""
     return k3.recurrent_kda_states(q, k, v, g, beta, initial_state=initial_state)
 
 
@@ -48,98 +49,6 @@ def to_ours(state: torch.Tensor) -> torch.Tensor:
 
 def to_vllm(state: torch.Tensor) -> torch.Tensor:
     return state.transpose(-1, -2)
-
-
-def chunk_kda_with_fused_gate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    raw_g: torch.Tensor,
-    raw_beta: torch.Tensor,
-    A_log: torch.Tensor,
-    g_bias: torch.Tensor | None,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    lower_bound: float | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    **kwargs: object,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked KDA prefill over packed sequences (q,k,v [1,T,H,D]); states in vLLM layout."""
-    if scale is not None and scale != q.shape[-1] ** -0.5:
-        raise NotImplementedError(f"chunk_kda_with_fused_gate: only scale=dk**-0.5 is supported, got {scale}")
-    if use_qk_l2norm_in_kernel:
-        q, k = l2_normalize(q), l2_normalize(k)
-    g = activate_gate(raw_g, A_log, g_bias, lower_bound)
-    beta = torch.sigmoid(raw_beta.float())
-    num_seqs = 1 if cu_seqlens is None else cu_seqlens.numel() - 1
-    h0 = (
-        torch.zeros(num_seqs, q.shape[2], q.shape[3], v.shape[3], dtype=torch.float32, device=q.device)
-        if initial_state is None
-        else to_ours(initial_state)
-    )
-    o, final = chunked(q.float(), k.float(), v.float(), g, beta, h0, cu_seqlens)
-    if out is None:
-        out = torch.empty_like(v)
-    out.copy_(o.to(out.dtype))
-    return out, (to_vllm(final).contiguous() if output_final_state else None)
-
-
-def _token_slots(state_indices: torch.Tensor) -> torch.Tensor:
-    return state_indices if state_indices.ndim == 2 else state_indices.view(-1, 1)
-
-
-def initial_slot(slots: list[int], accepted: int | None) -> int:
-    """The slot a speculative row starts from; <= 0 (null) when `accepted` selects no slot."""
-    column = 0 if accepted is None else accepted - 1
-    return slots[column] if 0 <= column < len(slots) else 0
-
-
-def fused_recurrent_kda(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    raw_g: torch.Tensor,
-    raw_beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor | None,
-    lower_bound: float | None,
-    initial_state: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    ssm_state_indices: torch.Tensor,
-    num_accepted_tokens: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    fuse_gate: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-by-token KDA (speculative verification): reads and writes the paged state cache in place."""
-    if out is None:
-        out = torch.empty_like(v)
-    q, k = l2_normalize(q), l2_normalize(k)
-    g = activate_gate(raw_g, A_log, dt_bias, lower_bound)
-    beta = torch.sigmoid(raw_beta.float())
-    slots = _token_slots(ssm_state_indices).tolist()
-    bounds = cu_seqlens.tolist()
-    accepted = num_accepted_tokens.tolist() if num_accepted_tokens is not None else None
-    for n in range(len(bounds) - 1):
-        bos, eos = bounds[n], bounds[n + 1]
-        if eos == bos:
-            continue
-        src = initial_slot(slots[n], None if accepted is None else accepted[n])
-        if src <= 0:
-            out[:, bos:eos] = 0
-            continue
-        rows = slice(bos, eos)
-        o, states = recurrent_states(
-            q[:, rows], k[:, rows], v[:, rows].float(), g[:, rows], beta[:, rows], to_ours(initial_state[src : src + 1])
-        )
-        out[:, rows] = o.to(out.dtype)
-        for t in range(eos - bos):
-            dst = slots[n][t]
-            if dst > 0:
-                initial_state[dst] = to_vllm(states[0, t]).to(initial_state.dtype)
-    return out, initial_state
 
 
 def fused_recurrent_kda_packed_decode(

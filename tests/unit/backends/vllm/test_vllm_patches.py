@@ -13,8 +13,9 @@ from ablations.backends.vllm.__main__ import main
 from ablations.backends.vllm.cpu import PATCHES as CPU_PATCHES
 from ablations.backends.vllm.patches import Patch, after_init, install, replacement
 from ablations.backends.vllm.plugin import SHUTDOWN_PATCHES
+from ablations.backends.vllm.toggles import WORKER_PATCH
 
-PATCHES = SHUTDOWN_PATCHES + CPU_PATCHES
+PATCHES = [*SHUTDOWN_PATCHES, *CPU_PATCHES, WORKER_PATCH]
 
 
 @pytest.fixture
@@ -36,6 +37,7 @@ def toy(monkeypatch):
     module.f, module.Layer = f, Layer
     monkeypatch.setitem(sys.modules, "k3_toy", module)
     monkeypatch.setattr(patches, "_installed", {})
+    monkeypatch.setattr(patches, "_order", [])
     return module
 
 
@@ -75,9 +77,9 @@ def test_counted_classmethod_and_constructor_hook(toy, tmp_path, monkeypatch):
 
 
 def test_every_cpu_patch_says_why():
-    for patch in PATCHES:
+    for patch in CPU_PATCHES:
         assert re.match(r"S\d+(, S\d+)*: ", patch.why) or patch.why.endswith("no fix"), patch
-    assert len({(p.target, p.why) for p in PATCHES}) == len(PATCHES)
+    assert len({(p.target, p.why) for p in CPU_PATCHES}) == len(CPU_PATCHES)
 
 
 def test_every_patch_target_exists_in_the_installed_vllm(vllm):
@@ -89,6 +91,7 @@ def test_every_patch_target_exists_in_the_installed_vllm(vllm):
 def test_patches_command_lists_every_target(capsys):
     assert main(["patches"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{len(PATCHES)} patches installed in every vLLM process on a CPU platform, the first 2 ")
+    assert out.startswith(f"{len(PATCHES)} patches on cpu with toggles none: 2 on every platform, "
+                          f"{len(CPU_PATCHES)} CPU fixes, the toggle hook, 0 from the toggles")
     for patch in PATCHES:
         assert patch.target in out and patch.why in out

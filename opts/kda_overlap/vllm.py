@@ -1,0 +1,71 @@
+"""How the kda_overlap toggle reaches vLLM.
+
+off is stock vLLM on every platform: `KimiK3DeltaAttention._forward` runs the verification rows
+(`fused_recurrent_kda`), then the prefill rows (`chunk_kda_with_fused_gate`). On vLLM-CPU those two kernels are
+the backend's CPU fix S4, which runs this package's off code (`vllm_kernels`, over `naive.step_off`).
+
+on (CPU): four patches on top of whatever the targets hold (the CPU fix): `_forward` marks a step that mixes
+prefill and verification rows, `fused_recurrent_kda` defers its call there, `chunk_kda_with_fused_gate` runs
+the packed pass instead (`vllm_overlap.packed_step`, counted as `kda_overlap_packed_step`). Not wired on ROCm
+and CUDA, nor `streams` anywhere: see `NOT_WIRED`.
+"""
+
+from __future__ import annotations
+
+from opts.base import ToggleConfig
+from opts.kda_overlap import vllm_overlap
+from opts.kda_overlap.config import KdaOverlapConfig
+from opts.vllm_setting import Patch, VllmSetting, check_platform, not_wired
+
+NAME = "kda_overlap"
+STOCK_MODES = {"cpu": "off", "rocm": "off", "cuda": "off"}
+
+KDA_OPS = "vllm.models.kimi_k3.nvidia.ops.third_party.kda"
+FORWARD_TARGET = "vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward"
+VERIFY_TARGET = f"{KDA_OPS}:fused_recurrent_kda"
+PREFILL_TARGET = f"{KDA_OPS}:chunk_kda_with_fused_gate"
+PACKED_TARGET = f"{vllm_overlap.__name__}:packed_step"
+PACKED_COUNTER = "kda_overlap_packed_step"
+
+GPU_ON = ("the packed pass exists only as PyTorch (opts/kda_overlap/packed.py); vLLM's GPU path runs its Triton "
+          "(or FlashKDA / FlashInfer) kernels, and replacing them with PyTorch would measure the language, not "
+          "the packing: a packed Triton kernel is not written")
+STREAMS = ("vLLM's _forward runs both parts on the current stream; a _forward that runs the verification rows "
+           "on a side stream is not written")
+NOT_WIRED = {
+    ("streams", "cpu"): "streams needs CUDA/ROCm streams; a CPU has none",
+    ("on", "rocm"): GPU_ON,
+    ("on", "cuda"): GPU_ON,
+    ("streams", "rocm"): STREAMS,
+    ("streams", "cuda"): STREAMS,
+}
+
+
+def valid_modes(platform: str) -> tuple[str, ...]:
+    """The modes vLLM runs on `platform`."""
+    return tuple(m for m in KdaOverlapConfig.MODES if (m, platform) not in NOT_WIRED)
+
+
+def on_patches(chunk_size: int) -> tuple[Patch, ...]:
+    """The patches of kda_overlap=on (CPU), `chunk_size` tokens per chunk of the packed pass."""
+    why = "kda_overlap=on: prefill and verification rows of a mixed step in one packed chunked pass"
+    return (
+        Patch(FORWARD_TARGET, lambda base: vllm_overlap.overlap_forward(base, chunk_size),
+              f"{why} (marks the mixed steps)"),
+        Patch(VERIFY_TARGET, vllm_overlap.defer_verify, f"{why} (defers the verification call)"),
+        Patch(PREFILL_TARGET, vllm_overlap.packed_prefill, f"{why} (runs the packed pass)"),
+        Patch(PACKED_TARGET, lambda packed_step: packed_step, f"{why} (counts the packed pass)", PACKED_COUNTER),
+    )
+
+
+def vllm_setting(config: ToggleConfig, platform: str) -> VllmSetting:
+    """What `config` changes in vLLM on `platform`."""
+    check_platform(platform)
+    if not isinstance(config, KdaOverlapConfig):
+        raise ValueError(f"{NAME}: expected a KdaOverlapConfig, got {type(config).__name__}")
+    if config.mode == STOCK_MODES[platform]:
+        return VllmSetting()
+    if (config.mode, platform) in NOT_WIRED:
+        raise not_wired(NAME, config.mode, platform, NOT_WIRED[config.mode, platform], valid_modes(platform))
+    return VllmSetting(patches=on_patches(config.chunk_size))
+

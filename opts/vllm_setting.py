@@ -1,0 +1,69 @@
+"""How one toggle setting reaches vLLM, as data: the record each package's `vllm.py` returns.
+
+`vllm.py` imports nothing from `ablations` (and vLLM only inside its wrappers); the backend's patch layer
+(`ablations/backends/vllm/patches.py`) installs the patches, the engine builder applies the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+PLATFORMS = ("cpu", "rocm", "cuda")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Set `target` ("module:attr" or "module:Class.attr") to `wrap(current value)`; `why` names the reason
+    (a CPU fix's S-number, or the toggle). With `counter`, calls of the replacement are counted under it."""
+
+    target: str
+    wrap: Callable[[Any], Any] = field(compare=False)
+    why: str
+    counter: str | None = None
+
+    def __post_init__(self) -> None:
+        module, sep, path = self.target.partition(":")
+        if not (module and sep and path):
+            raise ValueError(f"Patch.target: invalid value {self.target!r}; expected 'module:attr' or "
+                             "'module:Class.attr'")
+        if not self.why.strip():
+            raise ValueError(f"Patch.why: empty for {self.target!r}; say what the patch fixes or switches")
+
+
+@dataclass(frozen=True)
+class VllmSetting:
+    """What one toggle setting changes in a vLLM engine on one platform.
+
+    `engine_args`: keyword arguments of `vllm.LLM` / `EngineArgs`; `env`: environment of every vLLM process;
+    `additional_config`: entries merged into vLLM's `additional_config`; `patches`: installed in every vLLM
+    process that builds a worker. An empty setting is stock vLLM.
+    """
+
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    additional_config: dict[str, Any] = field(default_factory=dict)
+    patches: tuple[Patch, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.env.items() if not isinstance(k, str) or not isinstance(v, str)}
+        if bad:
+            raise ValueError(f"VllmSetting.env: values must be strings, got {bad!r}")
+        object.__setattr__(self, "patches", tuple(self.patches))
+
+    @property
+    def is_stock(self) -> bool:
+        """Whether this setting leaves vLLM as it is."""
+        return not (self.engine_args or self.env or self.additional_config or self.patches)
+
+
+def check_platform(platform: str) -> None:
+    """Raise ValueError for a platform name outside PLATFORMS."""
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform: invalid value {platform!r}; valid choices: {', '.join(PLATFORMS)}")
+
+
+def not_wired(name: str, mode: str, platform: str, why: str, valid: tuple[str, ...]) -> ValueError:
+    """The error for a cell (toggle, mode, platform) that vLLM cannot run."""
+    return ValueError(f"{name}={mode} on {platform}: {why}; valid there: {', '.join(valid) or 'none'}")

