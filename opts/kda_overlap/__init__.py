@@ -15,11 +15,10 @@ from opts.kda_overlap.cases import bench_cases
 from opts.kda_overlap.config import KdaOverlapConfig
 from opts.kda_overlap.naive import step_off
 from opts.kda_overlap.reference import chunk_kda, recurrent_kda, recurrent_kda_states, reference_step
-from opts.kda_overlap.step import STEPS, step_on, step_streams
+from opts.kda_overlap.step import step_on, step_streams
 
 __all__ = [
     "OPTIMIZATION",
-    "STEPS",
     "KdaOverlapConfig",
     "MixedStep",
     "StepOutput",
@@ -27,16 +26,10 @@ __all__ = [
     "recurrent_kda",
     "recurrent_kda_states",
     "reference_step",
-    "run_step",
     "step_off",
     "step_on",
     "step_streams",
 ]
-
-
-def run_step(config: KdaOverlapConfig, batch: MixedStep, out: StepOutput | None = None) -> StepOutput:
-    """The step as `config.mode` runs it."""
-    return STEPS[config.mode](batch, chunk_size=config.chunk_size, out=out)
 
 
 OPTIMIZATION = Optimization(

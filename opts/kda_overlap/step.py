@@ -1,12 +1,12 @@
 """On: one packed chunked pass over prefill segments and verification rows; streams: off's two parts on two
-GPU streams at once. `STEPS` maps each mode to its step."""
+GPU streams at once."""
 
 from __future__ import annotations
 
 import torch
 
 from opts.kda_overlap.batch import MixedStep, StepOutput
-from opts.kda_overlap.naive import CHUNK_SIZE, prefill_part, prepare, step_off, verify_part
+from opts.kda_overlap.naive import CHUNK_SIZE, prefill_part, prepare, verify_part
 from opts.kda_overlap.packed import PackPlan, chunk_kda_packed
 
 
@@ -42,5 +42,3 @@ def step_streams(batch: MixedStep, *, chunk_size: int = CHUNK_SIZE, out: StepOut
     main.wait_stream(side)
     return out
 
-
-STEPS = {"off": step_off, "on": step_on, "streams": step_streams}

@@ -12,7 +12,6 @@ from opts.kda_overlap import (
     MixedStep,
     StepOutput,
     reference_step,
-    run_step,
     step_off,
     step_on,
     step_streams,
@@ -134,10 +133,10 @@ def _count_kernel_calls(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["off", "on"])
-def test_run_step_dispatches_on_the_config(mode, monkeypatch):
+def test_off_runs_two_passes_and_on_one(mode, monkeypatch):
     batch = random_step(StepShape((20,), (2, 0, 3), 2, 8, 8), seed=1)
     calls = _count_kernel_calls(monkeypatch)
-    out = run_step(KdaOverlapConfig(mode=mode, chunk_size=16), batch, out=poisoned(batch))
+    out = {"off": step_off, "on": step_on}[mode](batch, chunk_size=16, out=poisoned(batch))
     assert not torch.isnan(out.verify_states).any()
     if mode == "on":   # one packed pass over all 25 tokens, no recurrent pass
         assert calls == {"recurrent": 0, "packed_rows": [25]}
