@@ -17,11 +17,12 @@ from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
+from ablations.backends.vllm.engine import engine_config
 from ablations.paths import PathsConfig
 from ablations.workload.config import WorkloadConfig
 from ablations.workload.config import register_configs as register_workload
 from opts.base import ToggleConfig, check_known_fields
-from opts.registry import OPTIMIZATIONS, make_config
+from opts.registry import OPTIMIZATIONS, make_config, vector_dict
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 ROOT_SCHEMA = "app_schema"
@@ -76,7 +77,9 @@ class AppConfig:
     def __post_init__(self) -> None:
         if not self.result_file or Path(self.result_file).name != self.result_file:
             raise ValueError(f"AppConfig.result_file: {self.result_file!r} is not a plain file name")
-        self.toggles()
+        vector = self.toggles()
+        if self.backend is not None:
+            engine_config(self.backend, self.model, vector_dict(vector), self.paths.model_cache)
 
     def toggles(self) -> dict[str, ToggleConfig]:
         """The toggle vector as validated configs, in registry order (a bad value names opts.<name>.<field>)."""

@@ -29,7 +29,9 @@ CHANGES = {
     },
     "model": {"k3_tiny": {}},
     "paths": {"default": {}},
-    "backend": {"vllm": {f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items()}},
+    "backend": {"vllm": {**{f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items()},
+                         "backend.max_num_batched_tokens": 64, "backend.enable_prefix_caching": True,
+                         "backend.num_speculative_tokens": 2}},
     "opts/aiter_mla": {"off": {}, "on": {"opts.aiter_mla.mode": "on"}},
     "opts/kda_overlap": {"off": {}, "on": {"opts.kda_overlap.mode": "on"},
                          "streams": {"opts.kda_overlap.mode": "streams"}},
@@ -127,6 +129,14 @@ def test_unknown_groups_options_and_fields_name_the_valid_ones(override, message
 def test_known_names_and_hydra_keys_pass_the_check():
     check_overrides(["workload=agentx_small,mooncake_synthetic", "+workload.generator.output={median: 8}",
                      "experiment=null", "~experiment", "hydra.run.dir=x", "hydra/launcher=joblib", "tags=[a]"])
+
+
+def test_a_backend_run_is_checked_when_composed():
+    with pytest.raises(ValueError, match=r"kda_overlap=streams on cpu: .*valid there: off, on"):
+        compose_app(["backend=vllm", "opts/kda_overlap=streams"])
+    with pytest.raises(ValueError, match=r"EngineConfig.kv_cache_gib: invalid value 0"):
+        compose_app(["backend=vllm", "backend.kv_cache_gib=0"])
+    assert compose_app(["opts/kda_overlap=streams"]).toggles()["kda_overlap"].mode == "streams"
 
 
 def test_typed_schema_rejects_bad_values():

@@ -159,23 +159,33 @@ class ModelConfig:
 
 
 @dataclass
-class VllmBackendConfig:
-    """The `backend=vllm` group: the engine a run starts for the `model` group's tiny model, and the short
-    greedy generation it makes from the workload's first `num_requests` requests (prompts cut to
-    `max_prompt_tokens`, `max_tokens` each). Defaults: MTP with 2 drafts, prefix caching and a 64-token step
-    budget, so steps mix prefill chunks with verification rows (what kda_overlap acts on)."""
+class EngineSettings:
+    """The vLLM engine settings a run chooses (shared by `EngineConfig` and the `backend` group's schema).
 
-    name: str = "vllm"
+    `platform`: which of each toggle's vLLM settings applies (cpu, rocm, cuda). `num_speculative_tokens` 0
+    turns speculation off. `kv_cache_gib` sizes the CPU KV cache.
+    """
+
     platform: str = "cpu"
     max_model_len: int = 2048
     max_num_seqs: int = 16
-    max_num_batched_tokens: int | None = 64
-    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = True
-    num_speculative_tokens: int = 2
+    num_speculative_tokens: int = 0
     spec_method: str = "mtp"
     kv_cache_gib: int = 1
     seed: int = 0
+
+
+@dataclass
+class VllmBackendConfig(EngineSettings):
+    """The `backend=vllm` group: the engine a run starts for the `model` group's tiny model (conf/backend/vllm.yaml
+    sets MTP with 2 drafts, prefix caching and a 64-token step budget, so steps mix prefill chunks with
+    verification rows, what kda_overlap acts on), and the short greedy generation it makes from the workload's
+    first `num_requests` requests (prompts cut to `max_prompt_tokens`, `max_tokens` each)."""
+
+    name: str = "vllm"
     num_requests: int = 8
     max_prompt_tokens: int = 512
     max_tokens: int = 16
@@ -191,7 +201,6 @@ class VllmBackendConfig:
                              f"{self.max_tokens} exceed max_model_len {self.max_model_len}; valid: at most "
                              f"{self.max_model_len} together")
 
-    def engine_fields(self) -> dict[str, Any]:
-        """The fields that are EngineConfig fields."""
-        run_only = {"name", "num_requests", "max_prompt_tokens", "max_tokens"}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in run_only}
+    def engine_settings(self) -> dict[str, Any]:
+        """The EngineSettings fields, as keyword arguments of EngineConfig."""
+        return {f.name: getattr(self, f.name) for f in fields(EngineSettings)}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
+from ablations.backends.vllm.config import EngineSettings, ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.cpu.loader import LOAD_FORMAT
 from ablations.backends.vllm.runtime import hide_media_wheels, vllm_process_env
 from ablations.backends.vllm.tiny_model import write_model_dir
@@ -37,11 +37,10 @@ def _bad(name: str, value: Any, valid: str) -> ValueError:
 
 
 @dataclass
-class EngineConfig:
-    """One vLLM engine over a tiny K3-family model.
+class EngineConfig(EngineSettings):
+    """One vLLM engine over a tiny K3-family model (the engine settings are EngineSettings').
 
     `model_dir` empty: `<model_cache or K3_ABLATE_MODEL_DIR or ~/.cache/k3-ablate/models>/<model.name>-<digest>`.
-    `num_speculative_tokens` 0 turns speculation off. `kv_cache_gib` sizes the CPU KV cache.
     `shutdown_timeout_s`: how long a stopping engine lets its processes finish before killing them.
     `served_model_name` empty: the model's name (`k3_tiny`), the name clients send to the server.
     `toggles`: the toggle vector {optimization: {field: value}}; each toggle's `vllm.py` setting for `platform`
@@ -53,24 +52,14 @@ class EngineConfig:
     model_dir: str = ""
     model_cache: str = ""
     served_model_name: str = ""
-    max_model_len: int = 2048
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = False
-    enable_chunked_prefill: bool = True
-    num_speculative_tokens: int = 0
-    spec_method: str = "mtp"
     rejection_sample_method: str = "standard"
     synthetic_acceptance_rates: list[float] | None = None
-    kv_cache_gib: int = 1
-    seed: int = 0
     skip_tokenizer_init: bool = False
     multiprocess: bool = True
     log_stats: bool = True
     shutdown_timeout_s: int = 10
     additional_config: dict[str, Any] = field(default_factory=dict)
     toggles: dict[str, Any] = field(default_factory=dict)
-    platform: str = "cpu"
 
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
@@ -328,4 +317,4 @@ def engine_config(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[
     """The EngineConfig of a run: the backend's engine settings, the model group's model, the toggle vector.
     `model_cache`: the directory model directories go in ("" = the default cache)."""
     return EngineConfig(model=model, model_cache=model_cache, toggles=toggles, skip_tokenizer_init=True,
-                        **backend.engine_fields())
+                        **backend.engine_settings())
