@@ -8,9 +8,10 @@
 off: `naive.py`, the stages vLLM runs, each its own pass at on's compilation level (inductor per stage, or
 vLLM-CPU's kernel where it has one). on: `fused.py`, each mechanism as one inductor-compiled pass.
 `stages.py` holds the math both compile; `reference.py` the float64 truth; `traffic.py` counts bytes,
-kernels and allocations of each path. Inside vLLM: `vllm.py` (the toggle's setting per platform), `engine.py`
-(on in vLLM's calling conventions, compiled by `dynamic.py` for varying batch sizes); off there is stock
-vLLM-CPU with its CPU fixes (the q/kv norms: `naive.q_kv_rms_norm`). Math and measured numbers: README.md.
+kernels and allocations of each path. Inside vLLM: `vllm.py` (the toggle's setting per platform); off there is
+`naive.q_kv_rms_norm` and `naive.kda_decode_slots_unfused`, on `engine.py`, both in vLLM's calling
+conventions over its state slot pools (`slots.py`), compiled by `dynamic.py` for any batch size; on a CPU
+neither mode is stock (stock vLLM-CPU runs these steps eagerly). Math and measured numbers: README.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opts.base import Optimization
-from opts.fusion import counterfactual, engine, naive, reference, stages, vllm, vllm_kernels
+from opts.fusion import counterfactual, engine, naive, reference, slots, stages, vllm, vllm_kernels
 from opts.fusion.cases import bench_cases
 from opts.fusion.config import COUNTERFACTUAL, MECHANISMS, FusionConfig
 from opts.fusion.counterfactual import attn_res_unfused
@@ -70,6 +71,7 @@ __all__ = [
     "mla_norm_unfused",
     "naive",
     "reference",
+    "slots",
     "stages",
     "vllm",
     "vllm_kernels",

