@@ -9,7 +9,8 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
 - `cases.py`: `bench_cases(quick, device)`, the microbenchmarks the registry lists.
 - `vllm.py`: how the toggle reaches vLLM, as data: `vllm_setting(config, platform) -> VllmSetting` (engine
   arguments, environment, `additional_config` entries, patches each with target, wrapper and why) and
-  `STOCK_MODES`, the mode that equals stock vLLM per platform (its setting is empty: no patch, no argument).
+  `STOCK_MODES`, the mode that equals stock vLLM per platform (its setting is empty: no patch, no argument);
+  a platform where no mode is stock is left out (fusion on CPU: stock runs the steps eagerly).
   A cell vLLM cannot run raises ValueError naming the valid modes there. It imports nothing from `ablations`
   and vLLM only inside its wrappers; `off` on vLLM runs `naive.py`'s functions, `on` the mechanism's.
 - `README.md`: the mechanism, its math, what off and on run per platform, measured numbers and their machine.
