@@ -41,6 +41,7 @@ def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
     targets = [p["target"] for p in workers[0]["patches"]]
     wanted = [p.target for name in OPTIMIZATIONS for p in settings[name].patches]
     assert targets[-len(wanted):] == wanted
+    wanted_pairs = {(p.target, p.why) for name in OPTIMIZATIONS for p in settings[name].patches}
     for record in cell["processes"]:
         if record is not workers[0]:
-            assert not set(p["target"] for p in record["patches"]) & set(wanted)
+            assert not {(p["target"], p["why"]) for p in record["patches"]} & wanted_pairs

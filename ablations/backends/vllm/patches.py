@@ -17,7 +17,7 @@ from ablations.backends.vllm.counters import counted
 from opts.vllm_setting import Patch
 
 __all__ = ["Patch", "after_init", "install", "install_all", "installed", "is_installed", "original",
-           "replacement", "resolve"]
+           "replacement", "resolve", "stock"]
 
 
 def replacement(new: Any) -> Callable[[Any], Any]:
@@ -101,6 +101,14 @@ def install_all(patches: Iterable[Patch]) -> None:
 def original(target: str) -> Any:
     """What `target` held before any patch (a class's classmethod/staticmethod object as stored)."""
     return _installed[target].old
+
+
+def stock(target: str) -> Any:
+    """What `target` holds in stock vLLM: its value before any patch of this process, installed or not."""
+    if target in _installed:
+        return _installed[target].old
+    owner, attr = resolve(target)
+    return _current(owner, attr)
 
 
 def is_installed(target: str) -> bool:

@@ -46,6 +46,14 @@ CPU_CELLS = {
 
 # --- the cells, as data -------------------------------------------------------------------------------------
 
+
+
+def stock_forward():
+    """vLLM's own `_forward`, also after an in-process engine installed the plugin's patches in this process."""
+    from ablations.backends.vllm.patches import stock
+
+    return stock("vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward")
+
 def test_only_cuda_has_a_stock_mode():
     """On a CPU stock vLLM runs both mechanisms eagerly: neither fusion=off nor =on at one compilation level."""
     assert setting.STOCK_MODES == {"cuda": "on"}
@@ -112,7 +120,6 @@ def test_the_package_does_not_import_ablations_or_vllm_at_import_time():
 
 def test_every_target_exists_and_off_and_on_take_its_arguments(vllm):
     from vllm.models.common.ops import fused_q_kv_rmsnorm
-    from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
 
     from ablations.backends.vllm.patches import resolve
 
@@ -125,18 +132,17 @@ def test_every_target_exists_and_off_and_on_take_its_arguments(vllm):
     assert list(inspect.signature(naive.q_kv_rms_norm).parameters) == stock
     assert (inspect.signature(naive.kda_decode_slots_unfused).parameters.keys()
             == inspect.signature(engine.kda_decode_slots_fused).parameters.keys())
-    forward = list(inspect.signature(KimiK3DeltaAttention._forward).parameters)
+    forward = list(inspect.signature(stock_forward()).parameters)
     for fused in (False, True):
-        assert list(inspect.signature(setting.route_plain_decode(KimiK3DeltaAttention._forward, fused)).parameters) \
+        assert list(inspect.signature(setting.route_plain_decode(stock_forward(), fused)).parameters) \
             == forward
 
 
 def test_vllm_takes_the_fused_branch_exactly_where_the_patch_does(vllm):
     """The condition of vLLM's fused-decode branch (nvidia/kda.py:984-991), which `_plain_decode` copies, and the
     passes of its plain-decode branch that off runs as its stages (kda.py:1320-1372)."""
-    from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
 
-    source = inspect.getsource(KimiK3DeltaAttention._forward)
+    source = inspect.getsource(stock_forward())
     assert re.search(r"and not has_spec_decode\s+and m\.num_prefills == 0\s+and m\.num_decodes > 0", source)
     decode = source[source.index("# Pure non-speculative decode."):]
     assert decode.index("packed_conv_out = torch.empty_like(") < decode.index("causal_conv1d_update(")

@@ -25,6 +25,14 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 TARGETS = (setting.FORWARD_TARGET, setting.VERIFY_TARGET, setting.PREFILL_TARGET, setting.PACKED_TARGET)
 
 
+
+
+def stock_forward():
+    """vLLM's own `_forward`, also after an in-process engine installed the plugin's patches in this process."""
+    from ablations.backends.vllm.patches import stock
+
+    return stock("vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward")
+
 def test_stock_cells_are_empty_and_off_is_stock_everywhere():
     assert {p: "off" for p in PLATFORMS} == setting.STOCK_MODES
     for platform in PLATFORMS:
@@ -95,9 +103,8 @@ def test_every_target_exists_in_vllm_and_the_wrappers_take_its_arguments(vllm):
 def test_forward_reads_no_verification_output_before_the_prefill_kernel(vllm):
     """What deferring relies on (kda.py:1136-1318): the verification call comes first, and nothing between it
     and the prefill kernel reads its output, the recurrent state it writes, or calls it again."""
-    from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
 
-    source = inspect.getsource(KimiK3DeltaAttention._forward)
+    source = inspect.getsource(stock_forward())
     verify = source.index("core_attn_out_spec, _ = fused_recurrent_kda(")
     prefill = source.index("= chunk_kda_with_fused_gate(")
     between = source[source.index(")\n", verify):prefill]
