@@ -6,7 +6,9 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
 - `naive.py`: off, the path stock vLLM runs on that platform without the optimization.
 - mechanism module(s): on, the same function as off (bit-exact, or within the tolerance the package states).
 - `reference.py`: the float64 reference off and on are tested against.
-- `cases.py`: `bench_cases(quick, device)`, the microbenchmarks the registry lists.
+- `cases.py`: `bench_cases(quick, device)`, the microbenchmarks the registry lists: `BenchCase`s, timed by
+  `opts.bench.run`; or, for a package whose cases are not timed (cache_retention: hit rates), its own case type
+  (each with a `name`) run by the record's `run_bench(cases, quick=, out_dir=)`, which returns the JSON result.
 - `vllm.py`: how the toggle reaches vLLM, as data: `vllm_setting(config, platform) -> VllmSetting` (engine
   arguments, environment, `additional_config` entries, patches each with target, wrapper and why) and
   `STOCK_MODES`, the mode that equals stock vLLM per platform (its setting is empty: no patch, no argument);
@@ -16,7 +18,9 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
 - `README.md`: the mechanism, its math, what off and on run per platform, measured numbers and their machine.
 - `__init__.py`: the public API (`__all__`) and the `OPTIMIZATION` record `opts.registry` lists.
 
-A package imports no other optimization package: K3's sizes and shared math live in `opts.k3`.
+A package imports no other optimization package: K3's sizes and shared math live in `opts.k3`. `opts` imports
+nothing from `ablations`, except cache_retention's bench cases and sweep, which read traces through
+`ablations.workload` (a workload, not a backend), when a case runs.
 Later part: `sim.py` (the mechanism in the cost model).
 """
 
@@ -106,15 +110,18 @@ class Optimization:
 
     `bench_cases(quick, device)` lists the cases; `quick` picks the small set used by `--quick`.
     `vllm_setting(config, platform)` is what a config changes in vLLM there (`vllm.py`); `stock_modes` maps each
-    platform to the mode that is stock vLLM there.
+    platform to the mode that is stock vLLM there. `run_bench(cases, *, quick, out_dir)`: set by a package whose
+    cases are not timed `BenchCase`s; `python -m opts bench` calls it instead of `opts.bench.run` and writes
+    the result it returns as the JSON; `out_dir` (None: the package's default) is where it writes files.
     """
 
     name: str
     description: str
     config_cls: type[ToggleConfig]
-    bench_cases: Callable[[bool, str], list[BenchCase]]
+    bench_cases: Callable[[bool, str], list[Any]]
     vllm_setting: Callable[[Any, str], VllmSetting]
     stock_modes: dict[str, str]
+    run_bench: Callable[..., dict[str, Any]] | None = None
 
     def config(self, **values: Any) -> ToggleConfig:
         """A validated config of this optimization."""

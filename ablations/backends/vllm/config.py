@@ -163,7 +163,8 @@ class EngineSettings:
     """The vLLM engine settings a run chooses (shared by `EngineConfig` and the `backend` group's schema).
 
     `platform`: which of each toggle's vLLM settings applies (cpu, rocm, cuda). `num_speculative_tokens` 0
-    turns speculation off. `kv_cache_gib` sizes the CPU KV cache.
+    turns speculation off. `kv_cache_gib` sizes the CPU KV cache; `num_gpu_blocks_override` (null: vLLM's own
+    sizing) fixes its number of blocks instead.
     """
 
     platform: str = "cpu"
@@ -175,6 +176,7 @@ class EngineSettings:
     num_speculative_tokens: int = 0
     spec_method: str = "mtp"
     kv_cache_gib: int = 1
+    num_gpu_blocks_override: int | None = None
     seed: int = 0
 
 

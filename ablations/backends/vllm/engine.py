@@ -29,6 +29,8 @@ from opts.vllm_setting import VllmSetting, check_platform
 
 DEFAULT_MODEL_DIR = Path(os.environ.get("K3_ABLATE_MODEL_DIR", Path.home() / ".cache" / "k3-ablate" / "models"))
 SPEC_METHODS = ("mtp", "ngram")
+# Engine arguments a toggle's vLLM setting may add, passed to the server as `--name value`.
+TOGGLE_FLAGS = frozenset({"attention_backend", "prefix_match_unit"})
 REJECTION_METHODS = ("standard", "synthetic")
 
 
@@ -79,6 +81,9 @@ class EngineConfig(EngineSettings):
                        f"1..{self.model.max_position_embeddings} (model.max_position_embeddings)")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
             raise _bad("max_num_batched_tokens", self.max_num_batched_tokens, "null or a positive integer")
+        blocks = self.num_gpu_blocks_override
+        if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
+            raise _bad("num_gpu_blocks_override", blocks, "null (vLLM's own sizing) or an integer >= 1")
         budget = self.max_num_batched_tokens or self.max_model_len
         if not self.enable_chunked_prefill and budget < self.max_model_len:
             raise _bad("max_num_batched_tokens", budget, ">= max_model_len without chunked prefill")
@@ -160,6 +165,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     )
     if cfg.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+    if cfg.num_gpu_blocks_override is not None:
+        kwargs["num_gpu_blocks_override"] = cfg.num_gpu_blocks_override
     if cfg.model.architecture == "KimiK3ForConditionalGeneration":
         kwargs["limit_mm_per_prompt"] = {"image": 0}
     spec = cfg.speculative_config()
@@ -202,6 +209,8 @@ def server_args(cfg: EngineConfig) -> list[str]:
         args.append("--disable-log-stats")
     if "max_num_batched_tokens" in kw:
         args += ["--max-num-batched-tokens", str(kw.pop("max_num_batched_tokens"))]
+    if "num_gpu_blocks_override" in kw:
+        args += ["--num-gpu-blocks-override", str(kw.pop("num_gpu_blocks_override"))]
     for name, flag in (
         ("limit_mm_per_prompt", "--limit-mm-per-prompt"),
         ("speculative_config", "--speculative-config"),
@@ -209,6 +218,8 @@ def server_args(cfg: EngineConfig) -> list[str]:
     ):
         if name in kw:
             args += [flag, json.dumps(kw.pop(name))]
+    for name in sorted(set(kw) & TOGGLE_FLAGS):
+        args += [f"--{name.replace('_', '-')}", str(kw.pop(name))]
     if kw:
         raise AssertionError(f"server_args: engine kwargs without a server flag: {sorted(kw)}")
     return args

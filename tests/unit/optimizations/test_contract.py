@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import opts
-from opts.base import Optimization, ToggleConfig
+from opts.base import BenchCase, Optimization, ToggleConfig
 from opts.registry import OPTIMIZATIONS
 from opts.vllm_setting import PLATFORMS, VllmSetting
 
@@ -110,6 +110,11 @@ def contract_problems(package: str, optimization: Optimization | None = None) ->
             problems.append("cases.py: no bench_cases")
         elif optimization is not None and optimization.bench_cases is not bench_cases:
             problems.append("cases.py: bench_cases is not the registered one")
+        elif optimization is not None and optimization.run_bench is None:
+            kinds = sorted({type(c).__name__ for c in bench_cases(True, "cpu") if not isinstance(c, BenchCase)})
+            if kinds:
+                problems.append(f"cases.py: bench_cases returns {', '.join(kinds)}, not BenchCase, and the record "
+                                "sets no run_bench")
     if (root / "vllm.py").is_file():
         problems += vllm_problems(package, root, optimization)
     if (root / "README.md").is_file():

@@ -118,6 +118,9 @@ PATCHES = [
           "S1: the CPU GEMM packer empties the attention-residual projections"),
     Patch(f"{K3}.model:KimiLinearModel.__init__", after_init(attn_res.keep_res_proj_weights),
           "S1: the CPU GEMM packer empties the final attention-residual projection"),
+    Patch("vllm.v1.worker.gpu_model_runner:copy_kv_cache_blocks_inplace",
+          replacement(kv_blocks.copy_kv_cache_blocks_inplace),
+          "S22: the copy-on-write of a partially hit block skips the MLA view overlaid on a KDA layer's bytes"),
     *(Patch(target, replacement(new), KERNEL_WHY[fix], counter) for target, new, counter, fix in KERNELS),
 ]
 

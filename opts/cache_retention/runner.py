@@ -1,0 +1,57 @@
+"""`python -m opts bench cache_retention`: each hit-rate case swept, printed as a table and plotted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from opts.cache_retention.cases import HitRateCase
+from opts.cache_retention.plot import plot_sweep
+from opts.cache_retention.sweep import SweepResult, available_cores, sweep
+from opts.machine import cpu_model
+
+DEFAULT_OUT = Path("outputs") / "cache_retention"
+
+
+def check_out_dir(out_dir: str | Path | None) -> Path:
+    """The plots' folder (default `outputs/cache_retention/` here), created; a file there is a ValueError."""
+    path = Path(out_dir) if out_dir is not None else DEFAULT_OUT
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out: {str(path)!r} is a file; give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out: cannot create {str(path)!r}: {err.strerror or err}") from None
+    return path
+
+
+def case_row(case: HitRateCase, result: SweepResult, plot: Path) -> dict[str, Any]:
+    """One case's JSON row: the sweep, its plot, and `ratio`, the smallest on/off over the feasible capacities."""
+    ratios = [r for r in result.ratios() if r is not None]
+    return {"case": case.name, "ratio": min(ratios) if ratios else None, **result.to_dict(), "plot": str(plot)}
+
+
+def run_bench(cases: list[HitRateCase], *, quick: bool, out_dir: str | Path | None = None,
+              workers: int | None = None, progress: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Sweep each case, print its table, write its plot `<out_dir>/<case>.png`; the JSON result."""
+    out = check_out_dir(out_dir)
+    start = time.perf_counter()
+    rows = []
+    for i, case in enumerate(cases, 1):
+        if progress:
+            progress(f"[case {i}/{len(cases)}] {case.name}: {len(case.fractions)} capacities x "
+                     f"{', '.join(case.policies)}")
+        result = sweep(case.scenario, case.fractions, case.policies, workers=workers, progress=progress)
+        plot = plot_sweep(result, out / f"{case.name}.png")
+        rows.append(case_row(case, result, plot))
+        if progress:
+            progress(result.table())
+            progress(f"on/off (smallest over capacities): {_ratio(rows[-1]['ratio'])}; plot: {plot}")
+    return {"optimization": "cache_retention", "quick": quick, "cpu_model": cpu_model(),
+            "cores": available_cores(), "seconds": time.perf_counter() - start, "out_dir": str(out), "cases": rows}
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"

@@ -1,0 +1,289 @@
+"""A capacity sweep: every retention policy and Belady at capacities given as fractions of a scenario's working
+set, plus the unbounded cache, the cells run in parallel over the machine's cores.
+
+A scenario is a stream builder and a geometry. The built-in ones read their traces through `ablations.workload`
+(a workload, not a backend), imported only when a stream is built.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from opts.cache_retention.config import CacheRetentionConfig
+from opts.cache_retention.geometry import K3_TP8, TINY, CacheGeometry
+from opts.cache_retention.pool import CacheStats, CapacityError
+from opts.cache_retention.reference import run_belady, run_unbounded
+from opts.cache_retention.retention import run
+from opts.cache_retention.stream import CacheStream
+
+POLICIES = ("off", "evict", "resume", "on", "belady")
+FRACTIONS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
+TRACES = "pkg://ablations.workload/traces"
+# Relative seconds of one cell (agentx), to start the longest first.
+_COST = {"belady": 8.0, "on": 5.5, "evict": 5.5, "resume": 3.5, "off": 3.5}
+_STATS = ("hit_rate", "prefill_tokens_saved", "prompt_tokens", "num_evictions", "num_resumes", "checkpoint_bytes",
+          "num_waits", "wait_s")
+
+
+def preset_stream(preset: str, seed: int = 0) -> CacheStream:
+    """The cache stream of a workload preset generated with `seed`."""
+    from ablations.workload import generate
+    from ablations.workload import preset as preset_config
+    from ablations.workload.cache_stream import cache_stream
+
+    return cache_stream(generate(preset_config(preset), seed=seed))
+
+
+def file_stream(path: str, num_requests: int | None = None) -> CacheStream:
+    """The cache stream of a trace file (`pkg://` paths resolve in the package), cut to its first
+    `num_requests` requests when given."""
+    from ablations.workload import Trace, read_trace
+    from ablations.workload.cache_stream import cache_stream
+
+    trace = read_trace(path)
+    if num_requests is not None:
+        if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
+            raise ValueError(f"num_requests: invalid value {num_requests!r}; valid: an integer >= 1 or None")
+        trace = Trace(trace.requests[:num_requests], trace.block_size, trace.source)
+    return cache_stream(trace)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named stream (`build()` makes it; picklable when cells run in worker processes) at a cache geometry."""
+
+    name: str
+    build: Callable[[], CacheStream]
+    geometry: CacheGeometry
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Scenario.name: invalid value {self.name!r}; valid: a non-empty string")
+        if not callable(self.build):
+            raise ValueError(f"Scenario {self.name!r}: build: {self.build!r} is not callable")
+        if not isinstance(self.geometry, CacheGeometry):
+            raise ValueError(f"Scenario {self.name!r}: geometry: {self.geometry!r} is not a CacheGeometry")
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "agentx": Scenario("agentx", partial(preset_stream, "agentx"), K3_TP8),
+    "agentx_small": Scenario("agentx_small", partial(preset_stream, "agentx_small"), TINY),
+    "mooncake_conversation": Scenario("mooncake_conversation",
+                                      partial(file_stream, f"{TRACES}/conversation_trace.jsonl.gz"), K3_TP8),
+    "mooncake_synthetic": Scenario("mooncake_synthetic",
+                                   partial(file_stream, f"{TRACES}/synthetic_trace.jsonl.gz"), K3_TP8),
+}
+
+
+def scenario(name: str) -> Scenario:
+    """The built-in scenario called `name`; an unknown name lists the valid ones."""
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"scenario: unknown name {name!r}; valid choices: {', '.join(SCENARIOS)}") from None
+
+
+def check_fractions(fractions: Iterable[float]) -> tuple[float, ...]:
+    """`fractions` as a sorted tuple of distinct numbers > 0; anything else is a ValueError naming it."""
+    values = tuple(fractions)
+    bad = [f for f in values if isinstance(f, bool) or not isinstance(f, int | float) or not (
+        f > 0 and math.isfinite(f))]
+    if bad or not values:
+        raise ValueError(f"fractions: invalid value(s) {bad or values!r}; valid: fractions of the working set > 0")
+    return tuple(sorted(set(values)))
+
+
+def check_policies(policies: Iterable[str]) -> tuple[str, ...]:
+    """`policies` in POLICIES order; an unknown one is a ValueError naming the valid ones."""
+    values = tuple(policies)
+    unknown = [p for p in values if p not in POLICIES]
+    if unknown or not values:
+        raise ValueError(f"policies: invalid value(s) {unknown or values!r}; valid choices: {', '.join(POLICIES)}")
+    return tuple(p for p in POLICIES if p in values)
+
+
+def num_blocks_at(working_set_blocks: int, fraction: float) -> int:
+    """Pool blocks at `fraction` of the working set (at least 1)."""
+    return max(1, int(working_set_blocks * fraction))
+
+
+def run_policy(stream: CacheStream, geometry: CacheGeometry, policy: str, num_blocks: int) -> CacheStats:
+    """One policy (a CacheRetentionConfig mode, or "belady") at one capacity."""
+    if policy == "belady":
+        return run_belady(stream, geometry, num_blocks)
+    return run(stream, geometry, num_blocks, CacheRetentionConfig(mode=policy))
+
+
+def _row(policy: str, fraction: float | None, num_blocks: int, geometry: CacheGeometry, stats: CacheStats | None,
+         reason: str | None, seconds: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"policy": policy, "fraction": fraction, "num_blocks": num_blocks,
+                           "capacity_bytes": num_blocks * geometry.block_bytes, "feasible": stats is not None,
+                           "reason": reason}
+    summary = stats.summary() if stats is not None else {}
+    row.update({name: summary.get(name) for name in _STATS})
+    row["seconds"] = seconds
+    if "fallback" in summary:
+        row["fallback"] = summary["fallback"]
+    return row
+
+
+def _cell(stream: CacheStream, geometry: CacheGeometry, policy: str, fraction: float, num_blocks: int) -> dict:
+    start = time.perf_counter()
+    try:
+        stats, reason = run_policy(stream, geometry, policy, num_blocks), None
+    except CapacityError as err:
+        stats, reason = None, str(err)
+    return _row(policy, fraction, num_blocks, geometry, stats, reason, time.perf_counter() - start)
+
+
+_WORK: tuple[CacheStream, CacheGeometry] | None = None
+
+
+def _init_worker(stream: CacheStream, geometry: CacheGeometry) -> None:
+    global _WORK
+    _WORK = (stream, geometry)
+
+
+def _worker_cell(policy: str, fraction: float, num_blocks: int) -> dict:
+    assert _WORK is not None
+    return _cell(*_WORK, policy, fraction, num_blocks)
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _context():
+    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+
+
+def _run_cells(stream: CacheStream, geometry: CacheGeometry, cells: list[tuple[str, float, int]],
+               workers: int) -> Iterator[dict]:
+    if workers <= 1:
+        for cell in cells:
+            yield _cell(stream, geometry, *cell)
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_init_worker, initargs=(stream, geometry))
+    try:
+        futures = [pool.submit(_worker_cell, *cell) for cell in cells]
+        for future in as_completed(futures):
+            yield future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ratio(on: float | None, off: float | None) -> float | None:
+    if on is None or off is None or (off == 0 and on > 0):
+        return None
+    return on / off if off else 1.0
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A sweep's rows: the unbounded cache first, then one per (fraction, policy) in that order."""
+
+    scenario: str
+    geometry: str
+    block_bytes: int
+    num_requests: int
+    working_set_blocks: int
+    fractions: tuple[float, ...]
+    policies: tuple[str, ...]
+    rows: tuple[dict[str, Any], ...]
+    seconds: float
+    workers: int
+
+    @property
+    def unbounded(self) -> dict[str, Any]:
+        return self.rows[0]
+
+    def row(self, policy: str, fraction: float) -> dict[str, Any]:
+        """The row of `policy` at `fraction`."""
+        for r in self.rows:
+            if r["policy"] == policy and r["fraction"] == fraction:
+                return r
+        raise ValueError(f"{self.scenario}: no row for policy {policy!r} at fraction {fraction!r}; policies: "
+                         f"{', '.join(self.policies)}; fractions: {', '.join(map(str, self.fractions))}")
+
+    def hit_rates(self, policy: str) -> list[float | None]:
+        """`policy`'s hit rate per fraction (None where the capacity is infeasible)."""
+        return [self.row(policy, f)["hit_rate"] for f in self.fractions]
+
+    def ratios(self) -> list[float | None]:
+        """on hit rate / off hit rate per fraction: 1 where both are 0, None where either is missing (infeasible,
+        not swept) or only off's is 0."""
+        if not {"on", "off"} <= set(self.policies):
+            return [None] * len(self.fractions)
+        return [_ratio(on, off) for on, off in zip(self.hit_rates("on"), self.hit_rates("off"), strict=True)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "geometry": self.geometry, "block_bytes": self.block_bytes,
+                "num_requests": self.num_requests, "working_set_blocks": self.working_set_blocks,
+                "working_set_bytes": self.working_set_blocks * self.block_bytes,
+                "unbounded_hit_rate": self.unbounded["hit_rate"], "fractions": list(self.fractions),
+                "policies": list(self.policies), "hit_rates": {p: self.hit_rates(p) for p in self.policies},
+                "ratios": self.ratios(), "seconds": self.seconds, "workers": self.workers, "rows": list(self.rows)}
+
+    def table(self) -> str:
+        """The hit rates as text: one line per fraction, a column per policy, then on/off; reasons below."""
+        head = (f"{self.scenario} at {self.geometry}: {self.num_requests} requests, working set "
+                f"{self.working_set_blocks} blocks ({self.working_set_blocks * self.block_bytes / 1e9:.1f} GB), "
+                f"unbounded hit rate {self.unbounded['hit_rate']:.4f}, {self.seconds:.1f} s on {self.workers} "
+                f"worker(s)")
+        lines = [head, f"{'fraction':>8} {'blocks':>8} {'GB':>8} " + " ".join(f"{p:>7}" for p in self.policies)
+                 + f" {'on/off':>7}"]
+        reasons: dict[str, None] = {}
+        for fraction, ratio in zip(self.fractions, self.ratios(), strict=True):
+            cells = []
+            for policy in self.policies:
+                r = self.row(policy, fraction)
+                cells.append(f"{r['hit_rate']:7.4f}" if r["feasible"] else f"{'n/a':>7}")
+                if r["reason"]:
+                    reasons[f"fraction {fraction:g}: {r['reason']}"] = None
+            r = self.row(self.policies[0], fraction)
+            lines.append(f"{fraction:8g} {r['num_blocks']:8d} {r['capacity_bytes'] / 1e9:8.2f} " + " ".join(cells)
+                         + (f" {ratio:7.4f}" if ratio is not None else f" {'n/a':>7}"))
+        return "\n".join(lines + [f"  infeasible at {reason}" for reason in reasons])
+
+
+def sweep(scenario: Scenario, fractions: Iterable[float] = FRACTIONS, policies: Iterable[str] = POLICIES, *,
+          workers: int | None = None, progress: Callable[[str], None] | None = print) -> SweepResult:
+    """Every policy at every capacity (fractions of the unbounded cache's working set) on `scenario`'s stream.
+
+    The cells run on `workers` processes (default: every core this process may use; 1 runs them here), the
+    longest first; `progress` gets one line per finished cell. A capacity too small for some request gives
+    rows marked infeasible with the reason (the CapacityError).
+    """
+    fractions, policies = check_fractions(fractions), check_policies(policies)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers: invalid value {workers!r}; valid: an integer >= 1 or None (every core)")
+    start = time.perf_counter()
+    stream, geometry = scenario.build(), scenario.geometry
+    unbounded_start = time.perf_counter()
+    unbounded = run_unbounded(stream, geometry)
+    unbounded_s = time.perf_counter() - unbounded_start
+    working = unbounded.info["working_set_blocks"]
+    cells = sorted(((p, f, num_blocks_at(working, f)) for f in fractions for p in policies),
+                   key=lambda cell: (-_COST[cell[0]], cell[1]))
+    workers = min(workers or available_cores(), len(cells))
+    done: dict[tuple[str, float], dict] = {}
+    for row in _run_cells(stream, geometry, cells, workers):
+        done[row["policy"], row["fraction"]] = row
+        if progress:
+            result = f"hit {row['hit_rate']:.4f}" if row["feasible"] else "infeasible"
+            progress(f"[{len(done)}/{len(cells)}] {scenario.name} fraction {row['fraction']:g} "
+                     f"({row['num_blocks']} blocks) {row['policy']}: {result} ({row['seconds']:.1f} s)")
+    rows = [_row("unbounded", None, working, geometry, unbounded, None, unbounded_s)]
+    rows += [done[p, f] for f in fractions for p in policies]
+    return SweepResult(scenario=scenario.name, geometry=geometry.name, block_bytes=geometry.block_bytes,
+                       num_requests=len(stream.requests), working_set_blocks=working, fractions=fractions,
+                       policies=policies, rows=tuple(rows), seconds=time.perf_counter() - start, workers=workers)

