@@ -15,7 +15,7 @@ from opts.registry import OPTIMIZATIONS
 pytestmark = pytest.mark.e2e
 
 OVERRIDES = ["backend=vllm", "model=k3_tiny", "workload=agentx_small", "opts/kda_overlap=on", "opts/fusion=on",
-             "opts/aiter_mla=on", "backend.num_requests=4"]
+             "opts/aiter_mla=on", "opts/cache_retention=evict", "backend.num_requests=4"]
 
 
 def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
@@ -25,7 +25,7 @@ def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     modes = {name: toggle["mode"] for name, toggle in result["toggles"].items()}
-    assert modes == {"aiter_mla": "on", "kda_overlap": "on", "fusion": "on"}
+    assert modes == {"aiter_mla": "on", "kda_overlap": "on", "fusion": "on", "cache_retention": "evict"}
     cell = result["backend"]
     assert cell["toggles"] == result["toggles"] and result["model"] == "k3_tiny"
     assert cell["num_requests"] == 4 and cell["output_tokens"] == 4 * 16
@@ -33,15 +33,16 @@ def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
     settings = EngineConfig(toggles=result["toggles"]).settings()
     assert settings["aiter_mla"].is_stock, "aiter_mla=on is stock vLLM-CPU"
     counted = {name: {p.counter for p in s.patches if p.counter} for name, s in settings.items() if not s.is_stock}
-    assert set(counted) == {"kda_overlap", "fusion"}
+    assert set(counted) == {"kda_overlap", "fusion", "cache_retention"}
     for name, counters in counted.items():
         assert any(cell["kernel_counts"].get(c, 0) > 0 for c in counters), (name, counters, cell["kernel_counts"])
-    workers = [r for r in cell["processes"] if r["toggles"] is not None]
-    assert len(workers) == 1 and len(cell["processes"]) >= 2
-    targets = [p["target"] for p in workers[0]["patches"]]
+    serving = [r for r in cell["processes"] if r["toggles"] is not None]
+    assert "EngineCore" in {r["process"] for r in serving}, "the scheduler's process installs the vector"
+    assert 1 <= len(serving) <= 2 and len(cell["processes"]) > len(serving), "engine core (scheduler) and worker"
     wanted = [p.target for name in OPTIMIZATIONS for p in settings[name].patches]
-    assert targets[-len(wanted):] == wanted
+    for record in serving:
+        assert [p["target"] for p in record["patches"]][-len(wanted):] == wanted, record["process"]
     wanted_pairs = {(p.target, p.why) for name in OPTIMIZATIONS for p in settings[name].patches}
     for record in cell["processes"]:
-        if record is not workers[0]:
+        if record not in serving:
             assert not {(p["target"], p["why"]) for p in record["patches"]} & wanted_pairs

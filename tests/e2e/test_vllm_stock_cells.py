@@ -37,5 +37,9 @@ def test_only_the_flipped_toggle_installs_patches(pool, name):
     assert targets(worker) == targets(stock_worker) + [p.target for p in setting.patches]
     toggle_pairs = {(p.target, p.why) for p in setting.patches}
     for other in (r for r in records if not r["process"].startswith("VllmWorker")):
+        if other["process"] == "EngineCore":
+            assert other["toggles"] == cfg.toggles, "the scheduler's process installs the vector too"
+            assert targets(other)[-len(setting.patches):] == [p.target for p in setting.patches]
+            continue
         assert other["toggles"] is None
         assert not {(p["target"], p["why"]) for p in other["patches"]} & toggle_pairs

@@ -61,8 +61,8 @@ def test_off_and_on_run_stocks_plain_decode_steps_and_q_kv_norms_unfused_and_fus
 
 @pytest.mark.parametrize("engine", [OFF, ON])
 def test_each_worker_installs_exactly_its_settings_patches(pool, engine):
-    """The worker carries the CPU fixes of the engine's other processes (the EngineCore builds no worker: no
-    toggle) and, on top, exactly the patches of its fusion setting, in order."""
+    """The worker (and the EngineCore, where the scheduler installs the vector too) carries the CPU fixes of the
+    engine's other processes and, on top, exactly the patches of its fusion setting, in order."""
     expected = [(p.target, p.why) for p in fusion_vllm.vllm_setting(FusionConfig(mode=MODES[engine]), "cpu").patches]
     records = pool.processes(engine)
     workers = [r for r in records if r["toggles"]]

@@ -84,7 +84,7 @@ def register() -> None:
         from ablations.backends.vllm.cpu import install
 
         install()
-    from ablations.backends.vllm.toggles import WORKER_PATCH, write_record
+    from ablations.backends.vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH, write_record
 
-    install_all([WORKER_PATCH])
+    install_all([SCHEDULER_PATCH, WORKER_PATCH])
     write_record()

@@ -1,4 +1,5 @@
-"""The toggle vector inside vLLM: read from `additional_config["k3_ablate"]` when a worker is built, installed
+"""The toggle vector inside vLLM: read from `additional_config["k3_ablate"]` when a worker or a scheduler is
+built (it and its block pool live in the engine core's process, the model in the worker's), installed
 as the patches each optimization's `vllm.py` asks for, and recorded per process.
 
 A process serves one vector: a second, different vector in the same process is an error (its patches would
@@ -20,6 +21,8 @@ from opts.registry import parse_vector, vector_dict, vllm_settings
 
 CONFIG_KEY = "k3_ablate"
 WORKER_INIT = "vllm.v1.worker.worker_base:WorkerBase.__init__"
+# Not EngineCore.__init__: the engine core loads the plugins inside it; the scheduler comes after.
+SCHEDULER_INIT = "vllm.v1.core.sched.scheduler:Scheduler.__init__"
 RECORD_SUFFIX = ".patches.json"
 
 _active: dict[str, dict[str, Any]] | None = None
@@ -56,16 +59,33 @@ def install_vector(raw: dict[str, Any], platform: str) -> None:
     write_record()
 
 
-def install_from_worker(worker: Any) -> None:
-    """After `WorkerBase.__init__`: install the vector the worker's config carries, if any."""
-    extra = getattr(worker.vllm_config, "additional_config", None) or {}
+def install_from_config(vllm_config: Any) -> None:
+    """Install the vector `vllm_config` carries, if any."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
     raw = extra.get(CONFIG_KEY)
     if raw is not None:
         install_vector(raw, platform_name())
 
 
-WORKER_PATCH = Patch(WORKER_INIT, after_init(install_from_worker),
-                     f"reads the toggle vector from additional_config[{CONFIG_KEY!r}] and installs its patches")
+def install_from_worker(worker: Any) -> None:
+    """After `WorkerBase.__init__`: install the vector the worker's config carries, if any."""
+    install_from_config(worker.vllm_config)
+
+
+def before_scheduler(base_init: Any) -> Any:
+    """Wrap `Scheduler.__init__`: install the vector before the scheduler builds its KV-cache manager."""
+
+    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        install_from_config(vllm_config)
+        base_init(self, vllm_config, *args, **kwargs)
+
+    __init__.__wrapped__ = base_init  # type: ignore[attr-defined]
+    return __init__
+
+
+WHY = f"reads the toggle vector from additional_config[{CONFIG_KEY!r}] and installs its patches"
+WORKER_PATCH = Patch(WORKER_INIT, after_init(install_from_worker), WHY)
+SCHEDULER_PATCH = Patch(SCHEDULER_INIT, before_scheduler, f"{WHY} (the scheduler's process)")
 
 
 def active_vector() -> dict[str, dict[str, Any]] | None:
