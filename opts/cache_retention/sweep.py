@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -152,9 +151,9 @@ def _init_worker(stream: CacheStream, geometry: CacheGeometry) -> None:
     _WORK = (stream, geometry)
 
 
-def _worker_cell(policy: str, fraction: float, num_blocks: int) -> dict:
+def _worker_cell_args(cell: tuple[str, float, int]) -> dict:
     assert _WORK is not None
-    return _cell(*_WORK, policy, fraction, num_blocks)
+    return _cell(*_WORK, *cell)
 
 
 def available_cores() -> int:
@@ -172,13 +171,16 @@ def _run_cells(stream: CacheStream, geometry: CacheGeometry, cells: list[tuple[s
         for cell in cells:
             yield _cell(stream, geometry, *cell)
         return
-    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_init_worker, initargs=(stream, geometry))
+    pool = _context().Pool(workers, initializer=_init_worker, initargs=(stream, geometry))
     try:
-        futures = [pool.submit(_worker_cell, *cell) for cell in cells]
-        for future in as_completed(futures):
-            yield future.result()
+        yield from pool.imap_unordered(_worker_cell_args, cells)
+        pool.close()
+    except BaseException:
+        # An error, a Ctrl-C or a test's time limit: stop the workers now instead of waiting for their cells.
+        pool.terminate()
+        raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.join()
 
 
 def _ratio(on: float | None, off: float | None) -> float | None:

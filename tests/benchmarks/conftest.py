@@ -112,3 +112,11 @@ def run_bench(benchmark: Any, _threads: None) -> Callable[[BenchCase], None]:
         })
 
     return run
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Benchmarks, even as untimed smoke runs, belong to the full tier (`make test`), not `make check`."""
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.slow)

@@ -1,9 +1,8 @@
 """cache_retention under pytest-benchmark: its cases report hit rates, so what is timed is the model itself.
 
-One policy (on) at one capacity (5% of the working set) of the agentx preset at K3_TP8 (issue 10: under 20 s;
-asserted on this process's CPU seconds, which a machine shared with other jobs does not inflate much), and the
-whole `--quick` set (issue 10: under 10 s, reported, not asserted: its cells run in worker processes). Hit
-rates and on/off ratios go to `extra_info`.
+One policy (on) at one capacity (5% of the working set) of the agentx preset at K3_TP8 (goal: under 20 CPU-s,
+reported in `extra_info` and the README, never asserted: no test asserts a time), and the whole `--quick` set
+(goal: under 10 s, reported). Hit rates and on/off ratios go to `extra_info`.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from opts.cache_retention.runner import run_bench
 from opts.cache_retention.sweep import num_blocks_at, preset_stream, run_policy
 
 FRACTION = 0.05
-CPU_LIMIT_S = 20.0
 
 
 @pytest.mark.slow
@@ -45,11 +43,11 @@ def test_agentx_one_policy_at_one_capacity(benchmark) -> None:
         "on_hit_rate": on_stats.hit_rate, "off_hit_rate": off_stats.hit_rate,
         "ratio": on_stats.hit_rate / off_stats.hit_rate,
     })
-    assert cpu[0] < CPU_LIMIT_S, f"on at {FRACTION:g} of agentx took {cpu[0]:.1f} CPU s (issue 10: < 20 s)"
     assert on_stats.hit_rate > off_stats.hit_rate
 
 
 @pytest.mark.slow
+@pytest.mark.spawns
 def test_quick_set(benchmark, tmp_path: Path) -> None:
     cases = bench_cases(True, "cpu")
     start = time.perf_counter()

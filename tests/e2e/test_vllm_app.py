@@ -4,9 +4,9 @@ from the workload's first requests and records the vector, the kernel counts and
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
+import procs
 import pytest
 
 from ablations.backends.vllm.engine import EngineConfig
@@ -20,8 +20,7 @@ OVERRIDES = ["backend=vllm", "model=k3_tiny", "workload=agentx_small", "opts/kda
 
 def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
     pool.close()
-    proc = subprocess.run([sys.executable, "-m", "ablations", *OVERRIDES, f"hydra.run.dir={tmp_path}"],
-                          capture_output=True, text=True, timeout=600)
+    proc = procs.run([sys.executable, "-m", "ablations", *OVERRIDES, f"hydra.run.dir={tmp_path}"], timeout_s=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     modes = {name: toggle["mode"] for name, toggle in result["toggles"].items()}

@@ -10,11 +10,11 @@ replay sends one request at a time, each turn continuing the last.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import procs
 import pytest
 
 from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
@@ -69,10 +69,10 @@ def stream():
 
 def replay_in_child(toggles: dict, counter_dir: Path) -> dict:
     env = vllm_process_env()
-    env["PYTHONPATH"] = ":".join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    here = Path(__file__).parent
+    env["PYTHONPATH"] = ":".join([str(here), str(here.parent), env.get("PYTHONPATH", "")])
     env[COUNTER_DIR_ENV] = str(counter_dir)
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(toggles)], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = procs.run([sys.executable, "-c", SCRIPT, json.dumps(toggles)], timeout_s=600, env=env)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT=")), None)
     assert line is not None, f"replay failed (rc {done.returncode}):\n{done.stderr[-3000:]}"
     result = json.loads(line.removeprefix("RESULT="))

@@ -7,10 +7,10 @@ so the pytest process keeps no engine state.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import procs
 import pytest
 from vllm_pool import random_prompts
 
@@ -40,8 +40,7 @@ def test_in_process_engine_matches_multiprocess(pool):
     pool.close()
     env = vllm_process_env()
     env["PYTHONPATH"] = ":".join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(PROMPTS)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = procs.run([sys.executable, "-c", SCRIPT, json.dumps(PROMPTS)], timeout_s=300, env=env)
     line = next((x for x in done.stdout.splitlines() if x.startswith("TOKENS=")), None)
     assert line is not None, f"in-process run failed (rc {done.returncode}):\n{done.stderr[-3000:]}"
     assert json.loads(line.removeprefix("TOKENS=")) == expected

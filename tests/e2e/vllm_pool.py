@@ -136,7 +136,11 @@ class EnginePool:
             self.close()
             t0 = time.perf_counter()
             os.environ[COUNTER_DIR_ENV] = str(self.engine_dir(name))
-            self.llm = build_llm(engine_config(name))
+            try:
+                self.llm = build_llm(engine_config(name))
+            except BaseException:
+                self.current = None     # a failed or interrupted start leaves no engine for the next test
+                raise
             self.start_seconds[name] = time.perf_counter() - t0
             self.current = name
         return self.llm
@@ -160,11 +164,15 @@ class EnginePool:
             )
             batches = [[p] for p in prompts] if one_by_one else [prompts]
             t0 = time.perf_counter()
-            outputs = [
-                out
-                for batch in batches
-                for out in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-            ]
+            try:
+                outputs = [
+                    out
+                    for batch in batches
+                    for out in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+                ]
+            except BaseException:
+                self.close()    # an engine interrupted mid-step (a time limit, a dead worker) serves no other test
+                raise
             seconds = time.perf_counter() - t0
             counts = None
             if counted:
@@ -209,9 +217,11 @@ class EnginePool:
 
     def close(self) -> None:
         if self.llm is not None:
-            shutdown_llm(self.llm)
-            self.llm = None
-            self.current = None
+            try:
+                shutdown_llm(self.llm)
+            finally:
+                self.llm = None
+                self.current = None
 
 
 _state: dict[str, Any] = {}

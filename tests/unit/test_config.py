@@ -10,6 +10,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import procs
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -161,10 +162,10 @@ def test_app_run_writes_result(tmp_path):
 
 
 def run_app(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ablations", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+    return procs.run([sys.executable, "-m", "ablations", *args], timeout_s=120, cwd=cwd)
 
 
+@pytest.mark.spawns
 def test_a_run_writes_its_result_and_logs_into_its_run_dir(tmp_path):
     proc = run_app(["experiment=cpu_small"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -177,6 +178,7 @@ def test_a_run_writes_its_result_and_logs_into_its_run_dir(tmp_path):
     assert f"result: {run_dir / 'result.json'}" in log
 
 
+@pytest.mark.spawns
 def test_help_lists_each_groups_yaml_files(tmp_path):
     proc = run_app(["--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -197,6 +199,7 @@ def test_help_lists_each_groups_yaml_files(tmp_path):
         (["workload.sesions=2"], "workload: unknown field(s) sesions; valid fields: block_size, "),
     ],
 )
+@pytest.mark.spawns
 def test_a_bad_value_is_one_line_exit_2_and_leaves_no_run_dir(tmp_path, args, message):
     row = {"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}
     (tmp_path / "cut.jsonl").write_text(json.dumps(row) + '\n{"timesta')
@@ -207,6 +210,7 @@ def test_a_bad_value_is_one_line_exit_2_and_leaves_no_run_dir(tmp_path, args, me
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.jsonl"]
 
 
+@pytest.mark.spawns
 def test_a_failed_run_in_an_existing_dir_removes_only_what_it_made(tmp_path):
     keep = tmp_path / "keep"
     keep.mkdir()

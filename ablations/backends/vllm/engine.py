@@ -32,6 +32,7 @@ SPEC_METHODS = ("mtp", "ngram")
 # Engine arguments a toggle's vLLM setting may add, passed to the server as `--name value`.
 TOGGLE_FLAGS = frozenset({"attention_backend", "prefix_match_unit"})
 REJECTION_METHODS = ("standard", "synthetic")
+CPU_MLA_BACKEND = "CPU_MLA"
 
 
 def _bad(name: str, value: Any, valid: str) -> ValueError:
@@ -179,6 +180,12 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
             raise ValueError(f"toggle {name}: its vLLM setting overrides {', '.join(clash)}, already set")
         kwargs.update(setting.engine_args)
         extra.update(setting.additional_config)
+    if cfg.platform == "cpu" and cfg.model.has_mla:
+        # S24: on hosts with AMX vLLM-CPU would pick AMX_MLA (no float32 kernels) for the model and, on its own,
+        # for the MTP draft; every host runs CPU_MLA for both.
+        kwargs["attention_backend"] = CPU_MLA_BACKEND
+        if "speculative_config" in kwargs:
+            kwargs["speculative_config"] = {**kwargs["speculative_config"], "attention_backend": CPU_MLA_BACKEND}
     if cfg.toggles:
         extra[CONFIG_KEY] = cfg.toggles
     if extra:

@@ -80,6 +80,7 @@ def test_ratio_is_on_over_off(result) -> None:
     assert result.ratios()[-1] == 1.0
 
 
+@pytest.mark.spawns
 def test_cells_in_worker_processes_match_cells_here(result) -> None:
     lines: list[str] = []
     parallel = sweep(SMALL, FRACTIONS, workers=2, progress=lines.append)

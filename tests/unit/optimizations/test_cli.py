@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import procs
 import pytest
 import torch
 
@@ -18,9 +18,11 @@ ROW_FIELDS = {"case", "off_s", "on_s", "ratio", "bytes", "flops", "device", "off
               "off_frac_of_copy_bw", "on_frac_of_copy_bw"}
 
 
+@pytest.mark.spawns
 def test_list_json_through_python_m_opts() -> None:
-    done = subprocess.run([sys.executable, "-m", "opts", "list", "--json"], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).resolve().parents[3])
+    done = procs.run([sys.executable, "-m", "opts", "list", "--json"], timeout_s=120,
+                     cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)
     assert [r["name"] for r in rows] == registry.names()
     for row in rows:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 
+import procs
 import pytest
 from workload_helpers import SYNTHETIC, row
 
@@ -16,10 +16,12 @@ from ablations.workload.__main__ import main
 JSON_KEYS = {"requests", "sessions", "input_len_p50", "input_len_p90", "output_len_mean", "theoretical_prefix_reuse"}
 
 
+@pytest.mark.spawns
 def test_stats_json_of_a_vendored_trace_through_the_module_entry_point(tmp_path):
     name = f"pkg://ablations.workload/traces/{SYNTHETIC.name}"
-    out = subprocess.run([sys.executable, "-m", "ablations.workload", "stats", name, "--json"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    done = procs.run([sys.executable, "-m", "ablations.workload", "stats", name, "--json"], timeout_s=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     stats = json.loads(out)
     assert set(stats) >= JSON_KEYS
     assert stats["requests"] == 3993

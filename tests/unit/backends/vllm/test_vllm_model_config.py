@@ -81,7 +81,8 @@ def test_server_flags_cover_every_engine_argument(tmp_path):
     cfg = EngineConfig(model_dir=str(tmp_path), enable_prefix_caching=True, num_speculative_tokens=2,
                        max_num_batched_tokens=64)
     kwargs, args = engine_kwargs(cfg), server_args(cfg)
-    assert kwargs["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert kwargs["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2,
+                                            "attention_backend": "CPU_MLA"}
     assert json.loads(args[args.index("--speculative-config") + 1]) == kwargs["speculative_config"]
     assert "--enable-prefix-caching" in args and args[args.index("--max-num-batched-tokens") + 1] == "64"
     assert kwargs["load_format"] == "k3_fan_in" and kwargs["limit_mm_per_prompt"] == {"image": 0}
@@ -93,3 +94,15 @@ def test_num_gpu_blocks_override_reaches_engine_and_server(tmp_path):
     args = server_args(cfg)
     assert engine_kwargs(cfg)["num_gpu_blocks_override"] == 200
     assert args[args.index("--num-gpu-blocks-override") + 1] == "200"
+
+
+def test_every_cpu_host_runs_cpu_mla(tmp_path):
+    """S24: asked for explicitly, so a host with AMX does not switch to AMX_MLA (no float32 kernels)."""
+    cfg = EngineConfig(model_dir=str(tmp_path))
+    args = server_args(cfg)
+    assert engine_kwargs(cfg)["attention_backend"] == "CPU_MLA"
+    mtp = EngineConfig(model_dir=str(tmp_path), num_speculative_tokens=1)
+    assert engine_kwargs(mtp)["speculative_config"]["attention_backend"] == "CPU_MLA", "the draft picks its own"
+    assert args[args.index("--attention-backend") + 1] == "CPU_MLA"
+    all_kda = EngineConfig(model_dir=str(tmp_path), model=ModelConfig(kda_layers=[1, 2, 3, 4]))
+    assert "attention_backend" not in engine_kwargs(all_kda)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
+import procs
 import pytest
 
 from ablations.backends.vllm import plugin
@@ -23,9 +23,11 @@ def test_other_versions_are_refused_with_both_versions_named(version):
     assert version in str(err.value) and plugin.SUPPORTED_VLLM_VERSION in str(err.value)
 
 
+@pytest.mark.spawns
 def test_counts_from_several_processes_are_summed(tmp_path):
     code = "from ablations.backends.vllm.counters import count\nfor _ in range(3): count('probe')\ncount('other')"
     env = {COUNTER_DIR_ENV: str(tmp_path), "PATH": ""}
     for _ in range(2):
-        subprocess.run([sys.executable, "-c", code], env=env | {"PYTHONPATH": ":".join(sys.path)}, check=True)
+        done = procs.run([sys.executable, "-c", code], timeout_s=120, env=env | {"PYTHONPATH": ":".join(sys.path)})
+        assert done.returncode == 0, done.stderr[-3000:]
     assert read_counts(tmp_path) == {"probe": 6, "other": 2}

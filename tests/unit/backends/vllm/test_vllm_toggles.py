@@ -4,10 +4,10 @@ engine arguments and environment they make, the plugin's install in a fresh proc
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
+import procs
 import pytest
 
 from ablations.backends.vllm import counters, patches
@@ -128,14 +128,14 @@ print(json.dumps({"added": [t for t in after if t not in before] if len(after) >
 """
 
 
+@pytest.mark.spawns
 def test_the_plugin_installs_exactly_the_vectors_patches_once_per_process(vllm, tmp_path):
     name, mode, _, setting = next(c for c in wired_cells() if c[2] == "cpu" and c[3].patches)
     vector = {**stock_vector("cpu"), name: {"mode": mode}}
     other = stock_vector("cpu")
     env_path = ":".join(sys.path)
-    proc = subprocess.run([sys.executable, "-c", INSTALL, json.dumps(vector), json.dumps(other)], capture_output=True,
-                          text=True, timeout=300, env={"PYTHONPATH": env_path, "PATH": "",
-                                                       counters.COUNTER_DIR_ENV: str(tmp_path)})
+    env = {"PYTHONPATH": env_path, "PATH": "", counters.COUNTER_DIR_ENV: str(tmp_path)}
+    proc = procs.run([sys.executable, "-c", INSTALL, json.dumps(vector), json.dumps(other)], timeout_s=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["count"] == len(setting.patches)

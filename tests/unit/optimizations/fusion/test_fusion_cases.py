@@ -21,6 +21,8 @@ CASES = [
     attn_res_case(AttnResShape(2, 2, hidden=48, max_blocks=5, has_delta=False, block_write=True), "cpu"),
 ]
 OUTPUTS = {"kda_decode": 3, "mla_norm": 3, "attn_res": 3}
+# Each test compiles its passes with torch.compile (seconds apiece): the full tier only (`make test`).
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -32,6 +32,9 @@ from opts.fusion.reference import attn_res_reference, kda_decode_reference, mla_
 DTYPES = [torch.float32, torch.bfloat16]
 NAN = float("nan")
 
+# Each test compiles its passes with torch.compile (seconds apiece): the full tier only (`make test`).
+pytestmark = pytest.mark.slow
+
 
 def _conv(name: str) -> str:
     if name == "vllm" and not vllm_kernels.has_vllm_conv():

@@ -41,6 +41,8 @@ from opts.fusion.measure import count_ops, inductor_account, profile_call
 
 DTYPES = [torch.float32, torch.bfloat16]
 SCALAR_BYTES = 8     # the profiler also sees 0-dim scalar temporaries that ops create internally
+# Each test compiles its passes with torch.compile (seconds apiece): the full tier only (`make test`).
+pytestmark = pytest.mark.slow
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,7 @@ def q_kv_inputs(n: int, dtype: torch.dtype, seed: int = 0, widths: tuple[int, in
     return qkv[:, :q], qkv[:, q:q + k], wq, wkv
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_off_and_on_norms_equal_stock_and_the_reference_at_any_token_count(vllm, dtype):
     """One graph per pass serves every token count (a single row runs as two), both widths for off."""

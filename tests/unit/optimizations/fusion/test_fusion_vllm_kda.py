@@ -19,6 +19,9 @@ from opts.fusion import vllm as setting
 from opts.fusion.dynamic import dynamic
 
 TOL = {"atol": 2e-6, "rtol": 2e-6}            # fp32: summation order only (measured max 6e-7 on outputs ~1)
+
+# Each test compiles its passes with torch.compile (seconds apiece): the full tier only (`make test`).
+pytestmark = pytest.mark.slow
 H, D, W, SLOTS, PREFIX = 4, 32, 4, 12, "model.layers.0.self_attn"
 C = 3 * H * D
 NAN = float("nan")
