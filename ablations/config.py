@@ -34,6 +34,17 @@ GROUPS = ("experiment", "model", "workload", "backend", "paths", *(f"{OPTS_GROUP
 
 
 
+def _as_list(hint: Any) -> Any:
+    """tuple[X, ...] (nested too) as list[X], which OmegaConf types."""
+    if typing.get_origin(hint) is not tuple:
+        return hint
+    return list[_as_list(typing.get_args(hint)[0])]
+
+
+def _listed(value: Any) -> Any:
+    return [_listed(v) for v in value] if isinstance(value, tuple | list) else value
+
+
 def toggle_node(cls: type[ToggleConfig]) -> type:
     """A mutable mirror of the frozen ToggleConfig `cls` for Hydra to merge into (tuples become lists); the app
     turns each node back into `cls`, which validates it."""
@@ -42,8 +53,7 @@ def toggle_node(cls: type[ToggleConfig]) -> type:
     for f in fields(cls):
         hint, default = hints[f.name], f.default
         if typing.get_origin(hint) is tuple:
-            hint = list[typing.get_args(hint)[0]]
-            specs.append((f.name, hint, field(default_factory=lambda d=default: list(d))))
+            specs.append((f.name, _as_list(hint), field(default_factory=lambda d=default: _listed(d))))
         else:
             specs.append((f.name, hint, field(default=default)))
     node = make_dataclass(f"{cls.__name__}Node", specs)

@@ -31,13 +31,13 @@ def _bench(args: argparse.Namespace) -> int:
     device = bench.check_device(args.device or bench.default_device())
     if args.json:
         bench.check_writable(args.json)
+    if args.out is not None and not opt.writes_files:
+        writers = [o.name for o in registry.OPTIMIZATIONS.values() if o.writes_files]
+        raise ValueError(f"--out: {opt.name} writes no files but --json; --out is for {', '.join(writers)}")
     if opt.run_bench is not None:
         cases = bench.select_cases(opt, args.quick, device, args.case)
         result = opt.run_bench(cases, quick=args.quick, out_dir=args.out)
     else:
-        if args.out is not None:
-            writers = [o.name for o in registry.OPTIMIZATIONS.values() if o.run_bench is not None]
-            raise ValueError(f"--out: {opt.name} writes no files but --json; --out is for {', '.join(writers)}")
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         result = bench.run(opt, quick=args.quick, device=device, only=args.case, budget_s=args.budget)

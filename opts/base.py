@@ -112,7 +112,8 @@ class Optimization:
     `vllm_setting(config, platform)` is what a config changes in vLLM there (`vllm.py`); `stock_modes` maps each
     platform to the mode that is stock vLLM there. `run_bench(cases, *, quick, out_dir)`: set by a package whose
     cases are not timed `BenchCase`s; `python -m opts bench` calls it instead of `opts.bench.run` and writes
-    the result it returns as the JSON; `out_dir` (None: the package's default) is where it writes files.
+    the result it returns as the JSON; `out_dir` (None: the package's default) is where it writes files, for a
+    package with `writes_files` (any other refuses `--out`).
     """
 
     name: str
@@ -122,6 +123,7 @@ class Optimization:
     vllm_setting: Callable[[Any, str], VllmSetting]
     stock_modes: dict[str, str]
     run_bench: Callable[..., dict[str, Any]] | None = None
+    writes_files: bool = False
 
     def config(self, **values: Any) -> ToggleConfig:
         """A validated config of this optimization."""

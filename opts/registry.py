@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from opts import aiter_mla, cache_retention, fusion, kda_overlap
+from opts import aiter_mla, cache_retention, draft_length, fusion, kda_overlap, moe_dedup
 from opts.base import Optimization, ToggleConfig
 from opts.vllm_setting import VllmSetting, check_platform
 
 OPTIMIZATIONS: dict[str, Optimization] = {
     opt.name: opt for opt in (aiter_mla.OPTIMIZATION, kda_overlap.OPTIMIZATION, fusion.OPTIMIZATION,
-                               cache_retention.OPTIMIZATION)
+                               cache_retention.OPTIMIZATION, moe_dedup.OPTIMIZATION, draft_length.OPTIMIZATION)
 }
 
 

@@ -64,4 +64,5 @@ OPTIMIZATION = Optimization(
     vllm_setting=vllm.vllm_setting,
     stock_modes=vllm.STOCK_MODES,
     run_bench=run_bench,
+    writes_files=True,
 )

@@ -29,6 +29,7 @@ class K3Spec:
     num_shared_experts: int
     experts_per_token: int
     expert_latent: int
+    moe_intermediate: int
     attn_res_block: int
     mtp_layers: int
 
@@ -85,7 +86,7 @@ K3 = K3Spec(
     name="kimi_k3", num_layers=93, num_kda_layers=69, hidden=7168,
     mla_heads=96, q_lora_rank=1536, kv_lora_rank=512, rope_dim=64, qk_nope_dim=128, v_head_dim=128,
     kda_heads=96, kda_head_dim=128, conv_width=4,
-    num_experts=896, num_shared_experts=2, experts_per_token=16, expert_latent=3584,
+    num_experts=896, num_shared_experts=2, experts_per_token=16, expert_latent=3584, moe_intermediate=3072,
     attn_res_block=12, mtp_layers=1,
 )
 
@@ -93,6 +94,6 @@ K3_TINY = K3Spec(
     name="k3_tiny", num_layers=4, num_kda_layers=2, hidden=256,
     mla_heads=4, q_lora_rank=128, kv_lora_rank=512, rope_dim=64, qk_nope_dim=64, v_head_dim=64,
     kda_heads=4, kda_head_dim=64, conv_width=4,
-    num_experts=8, num_shared_experts=1, experts_per_token=2, expert_latent=128,
+    num_experts=8, num_shared_experts=1, experts_per_token=2, expert_latent=128, moe_intermediate=128,
     attn_res_block=2, mtp_layers=1,
 )

@@ -21,7 +21,8 @@ def pool(tmp_path_factory):
 
 # Modules in an order that restarts engines least (the pool keeps one engine alive).
 MODULE_ORDER = ("generation", "prefix_cache", "toggle_aiter_mla", "spec", "toggle_kda_overlap", "toggle_fusion",
-                "stock_cells", "app", "in_process", "cache_retention", "server", "counters")
+                "toggle_draft_length", "toggle_moe_dedup", "stock_cells", "app", "in_process", "cache_retention",
+                "server", "counters")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,13 +9,15 @@ import sys
 import procs
 import pytest
 
+from ablations.backends.vllm.cpu.kda import MIXED_STEP_COUNTER
 from ablations.backends.vllm.engine import EngineConfig
 from opts.registry import OPTIMIZATIONS
 
 pytestmark = pytest.mark.e2e
 
 OVERRIDES = ["backend=vllm", "model=k3_tiny", "workload=agentx_small", "opts/kda_overlap=on", "opts/fusion=on",
-             "opts/aiter_mla=on", "opts/cache_retention=evict", "backend.num_requests=4"]
+             "opts/aiter_mla=on", "opts/cache_retention=evict", "opts/moe_dedup=on", "opts/draft_length=off",
+             "backend.num_requests=4"]
 
 
 def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
@@ -24,15 +26,19 @@ def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "result.json").read_text())
     modes = {name: toggle["mode"] for name, toggle in result["toggles"].items()}
-    assert modes == {"aiter_mla": "on", "kda_overlap": "on", "fusion": "on", "cache_retention": "evict"}
+    assert modes == {"aiter_mla": "on", "kda_overlap": "on", "fusion": "on", "cache_retention": "evict",
+                     "moe_dedup": "on", "draft_length": "off"}
     cell = result["backend"]
     assert cell["toggles"] == result["toggles"] and result["model"] == "k3_tiny"
     assert cell["num_requests"] == 4 and cell["output_tokens"] == 4 * 16
     assert all(len(tokens) == 16 for tokens in cell["output_token_ids"])
     settings = EngineConfig(toggles=result["toggles"]).settings()
-    assert settings["aiter_mla"].is_stock, "aiter_mla=on is stock vLLM-CPU"
-    counted = {name: {p.counter for p in s.patches if p.counter} for name, s in settings.items() if not s.is_stock}
+    assert settings["aiter_mla"].is_stock and settings["moe_dedup"].is_stock, "both on are stock vLLM-CPU"
+    spec = settings["draft_length"].engine_args["speculative_config"]
+    assert spec["num_speculative_tokens"] == 3 and not settings["draft_length"].patches
+    counted = {name: {p.counter for p in s.patches if p.counter} for name, s in settings.items() if s.patches}
     assert set(counted) == {"kda_overlap", "fusion", "cache_retention"}
+    assert cell["kernel_counts"].get(MIXED_STEP_COUNTER, 0) > 0, "MTP (draft_length) mixes prefill and verify"
     for name, counters in counted.items():
         assert any(cell["kernel_counts"].get(c, 0) > 0 for c in counters), (name, counters, cell["kernel_counts"])
     serving = [r for r in cell["processes"] if r["toggles"] is not None]

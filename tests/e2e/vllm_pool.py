@@ -50,16 +50,21 @@ STOCK_ENGINES: dict[str, EngineConfig] = {
         model=MODEL, skip_tokenizer_init=True, enable_prefix_caching=True, max_num_batched_tokens=SMALL_BUDGET,
         num_speculative_tokens=2, rejection_sample_method="synthetic", synthetic_acceptance_rates=[1.0, 1.0],
     ),
+    # Two tensor-parallel ranks (worker processes): where K3's latent-MoE tail takes its tiers (moe_dedup).
+    "tp2": EngineConfig(model=MODEL, skip_tokenizer_init=True, tensor_parallel_size=2),
 }
 # Every toggle that has a stock mode on a CPU, at that mode: a vector that must install no patch.
 STOCK_VECTOR = {name: {"mode": opt.stock_modes["cpu"]} for name, opt in OPTIMIZATIONS.items()
                 if "cpu" in opt.stock_modes}
-# Engines that set one toggle on top of STOCK_VECTOR: name -> (stock engine it builds on, toggle, mode).
-TOGGLED: dict[str, tuple[str, str, str]] = {
+# Engines that set one toggle on top of STOCK_VECTOR: name -> (stock engine it builds on, toggle, mode or fields).
+TOGGLED: dict[str, tuple[str, str, str | dict[str, Any]]] = {
     "aiter_mla_off": ("cached", "aiter_mla", "off"),
     "kda_overlap_on": ("mtp", "kda_overlap", "on"),
     "fusion_off": ("cached", "fusion", "off"),
     "fusion_on": ("cached", "fusion", "on"),
+    "moe_dedup_off": ("tp2", "moe_dedup", "off"),
+    "draft_length_on": ("base", "draft_length", {"mode": "on", "sampling": "standard"}),
+    "draft_length_off": ("base", "draft_length", {"mode": "off", "sampling": "standard"}),
 }
 ENGINES = STOCK_ENGINES
 
@@ -69,7 +74,8 @@ def engine_config(name: str) -> EngineConfig:
     if name in STOCK_ENGINES:
         return STOCK_ENGINES[name]
     stock, toggle, mode = TOGGLED[name]
-    return replace(STOCK_ENGINES[stock], toggles={**STOCK_VECTOR, toggle: {"mode": mode}})
+    fields = mode if isinstance(mode, dict) else {"mode": mode}
+    return replace(STOCK_ENGINES[stock], toggles={**STOCK_VECTOR, toggle: fields})
 
 
 __all__ = ["ENGINES", "MAX_TOKENS", "STOCK_VECTOR", "TOGGLED", "EnginePool", "engine_config", "random_prompts",

@@ -31,8 +31,7 @@ CHANGES = {
     "model": {"k3_tiny": {}},
     "paths": {"default": {}},
     "backend": {"vllm": {**{f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items() if v is not None},
-                         "backend.max_num_batched_tokens": 64, "backend.enable_prefix_caching": True,
-                         "backend.num_speculative_tokens": 2}},
+                         "backend.max_num_batched_tokens": 64, "backend.enable_prefix_caching": True}},
     "opts/aiter_mla": {"off": {}, "on": {"opts.aiter_mla.mode": "on"}},
     "opts/kda_overlap": {"off": {}, "on": {"opts.kda_overlap.mode": "on"},
                          "streams": {"opts.kda_overlap.mode": "streams"}},
@@ -40,6 +39,9 @@ CHANGES = {
     "opts/cache_retention": {"off": {}, "on": {"opts.cache_retention.mode": "on"},
                              "evict": {"opts.cache_retention.mode": "evict"},
                              "resume": {"opts.cache_retention.mode": "resume"}},
+    "opts/moe_dedup": {"off": {}, "on": {"opts.moe_dedup.mode": "on"},
+                       "sequence_parallel": {"opts.moe_dedup.mode": "sp"}, "tiered": {"opts.moe_dedup.mode": "tiered"}},
+    "opts/draft_length": {"off": {}, "on": {"opts.draft_length.mode": "on"}, "k0": {"opts.draft_length.mode": "k0"}},
     "workload": {
         "agentx": {},
         "agentx_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small"},
@@ -102,7 +104,8 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
     ("override", "message"),
     [
         ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload, backend, paths, "
-                   "opts/aiter_mla, opts/kda_overlap, opts/fusion, opts/cache_retention; "
+                   "opts/aiter_mla, opts/kda_overlap, opts/fusion, opts/cache_retention, opts/moe_dedup, "
+                   "opts/draft_length; "
                    "fields: backend, model, opts, paths, result_file, save_trace, tags, workload"),
         ("opts/kda=on", "opts/kda: unknown group; groups: experiment, model, workload, backend, paths, "),
         ("opts/kda_overlap=fast", "opts/kda_overlap: unknown option 'fast'; valid options: off, on, streams"),

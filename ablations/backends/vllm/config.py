@@ -163,8 +163,9 @@ class EngineSettings:
     """The vLLM engine settings a run chooses (shared by `EngineConfig` and the `backend` group's schema).
 
     `platform`: which of each toggle's vLLM settings applies (cpu, rocm, cuda). `num_speculative_tokens` 0
-    turns speculation off. `kv_cache_gib` sizes the CPU KV cache; `num_gpu_blocks_override` (null: vLLM's own
-    sizing) fixes its number of blocks instead.
+    turns speculation off (or leaves it to the draft_length toggle). `tensor_parallel_size`: ranks (worker
+    processes) the model is sharded over. `kv_cache_gib` sizes the CPU KV cache; `num_gpu_blocks_override`
+    (null: vLLM's own sizing) fixes its number of blocks instead.
     """
 
     platform: str = "cpu"
@@ -177,15 +178,17 @@ class EngineSettings:
     spec_method: str = "mtp"
     kv_cache_gib: int = 1
     num_gpu_blocks_override: int | None = None
+    tensor_parallel_size: int = 1
     seed: int = 0
 
 
 @dataclass
 class VllmBackendConfig(EngineSettings):
     """The `backend=vllm` group: the engine a run starts for the `model` group's tiny model (conf/backend/vllm.yaml
-    sets MTP with 2 drafts, prefix caching and a 64-token step budget, so steps mix prefill chunks with
-    verification rows, what kda_overlap acts on), and the short greedy generation it makes from the workload's
-    first `num_requests` requests (prompts cut to `max_prompt_tokens`, `max_tokens` each)."""
+    sets prefix caching and a 64-token step budget, so that with MTP, whose draft length the draft_length toggle
+    sets, steps mix prefill chunks with verification rows, what kda_overlap acts on), and the short greedy
+    generation it makes from the workload's first `num_requests` requests (prompts cut to `max_prompt_tokens`,
+    `max_tokens` each)."""
 
     name: str = "vllm"
     num_requests: int = 8

@@ -30,9 +30,10 @@ from opts.vllm_setting import VllmSetting, check_platform
 DEFAULT_MODEL_DIR = Path(os.environ.get("K3_ABLATE_MODEL_DIR", Path.home() / ".cache" / "k3-ablate" / "models"))
 SPEC_METHODS = ("mtp", "ngram")
 # Engine arguments a toggle's vLLM setting may add, passed to the server as `--name value`.
-TOGGLE_FLAGS = frozenset({"attention_backend", "prefix_match_unit"})
+TOGGLE_FLAGS = frozenset({"attention_backend", "prefix_match_unit", "enable_expert_parallel", "all2all_backend"})
 REJECTION_METHODS = ("standard", "synthetic")
 CPU_MLA_BACKEND = "CPU_MLA"
+THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def _bad(name: str, value: Any, valid: str) -> ValueError:
@@ -72,7 +73,7 @@ class EngineConfig(EngineSettings):
             raise _bad("additional_config", self.additional_config, f"no {CONFIG_KEY!r} entry (set `toggles`)")
         self.toggles = vector_dict(parse_vector(dict(self.toggles), "EngineConfig.toggles"))
         self.settings()
-        for name in ("max_model_len", "max_num_seqs", "kv_cache_gib"):
+        for name in ("max_model_len", "max_num_seqs", "kv_cache_gib", "tensor_parallel_size"):
             if getattr(self, name) <= 0:
                 raise _bad(name, getattr(self, name), "a positive integer")
         if self.shutdown_timeout_s < 0:
@@ -90,6 +91,16 @@ class EngineConfig(EngineSettings):
             raise _bad("max_num_batched_tokens", budget, ">= max_model_len without chunked prefill")
         if self.num_speculative_tokens < 0:
             raise _bad("num_speculative_tokens", self.num_speculative_tokens, "0 (off) or a positive integer")
+        if self.tensor_parallel_size > 1 and not self.multiprocess:
+            raise _bad("tensor_parallel_size", self.tensor_parallel_size, "1 with multiprocess=False (ranks are "
+                       "worker processes)")
+        toggle_spec = self._toggle_speculation()
+        if toggle_spec and self.num_speculative_tokens:
+            raise _bad("num_speculative_tokens", self.num_speculative_tokens,
+                       f"0 when the toggle vector sets the speculative config ({toggle_spec}): one place sets "
+                       "the draft length")
+        if toggle_spec and not self.model.num_nextn_predict_layers:
+            raise _bad("toggles", toggle_spec, "a model with an MTP layer (num_nextn_predict_layers=1)")
         if self.spec_method not in SPEC_METHODS:
             raise _bad("spec_method", self.spec_method, ", ".join(SPEC_METHODS))
         if self.num_speculative_tokens and self.spec_method == "mtp" and not self.model.num_nextn_predict_layers:
@@ -108,6 +119,11 @@ class EngineConfig(EngineSettings):
                 "synthetic_acceptance_rates", rates,
                 f"{self.num_speculative_tokens} non-increasing values in [0, 1] (one per draft position)",
             )
+
+    def _toggle_speculation(self) -> str:
+        """The toggles whose vLLM setting sets `speculative_config`, as "name=mode" ("" when none)."""
+        return ", ".join(f"{name}={self.toggles[name]['mode']}" for name, s in self.settings().items()
+                         if "speculative_config" in s.engine_args)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
@@ -168,6 +184,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
     if cfg.num_gpu_blocks_override is not None:
         kwargs["num_gpu_blocks_override"] = cfg.num_gpu_blocks_override
+    if cfg.tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
     if cfg.model.architecture == "KimiK3ForConditionalGeneration":
         kwargs["limit_mm_per_prompt"] = {"image": 0}
     spec = cfg.speculative_config()
@@ -218,6 +236,8 @@ def server_args(cfg: EngineConfig) -> list[str]:
         args += ["--max-num-batched-tokens", str(kw.pop("max_num_batched_tokens"))]
     if "num_gpu_blocks_override" in kw:
         args += ["--num-gpu-blocks-override", str(kw.pop("num_gpu_blocks_override"))]
+    if "tensor_parallel_size" in kw:
+        args += ["--tensor-parallel-size", str(kw.pop("tensor_parallel_size"))]
     for name, flag in (
         ("limit_mm_per_prompt", "--limit-mm-per-prompt"),
         ("speculative_config", "--speculative-config"),
@@ -226,7 +246,11 @@ def server_args(cfg: EngineConfig) -> list[str]:
         if name in kw:
             args += [flag, json.dumps(kw.pop(name))]
     for name in sorted(set(kw) & TOGGLE_FLAGS):
-        args += [f"--{name.replace('_', '-')}", str(kw.pop(name))]
+        flag, value = name.replace("_", "-"), kw.pop(name)
+        if isinstance(value, bool):
+            args.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            args += [f"--{flag}", str(value)]
     if kw:
         raise AssertionError(f"server_args: engine kwargs without a server flag: {sorted(kw)}")
     return args
@@ -238,9 +262,23 @@ def engine_env(cfg: EngineConfig) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if cfg.multiprocess else "0",
     }
+    if cfg.platform == "cpu" and cfg.tensor_parallel_size > 1:
+        env[THREADS_BIND_ENV] = os.environ.get(THREADS_BIND_ENV) or rank_cores(cfg.tensor_parallel_size)
     for setting in cfg.settings().values():
         env.update(setting.env)
     return env
+
+
+def rank_cores(num_ranks: int, cores: list[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `num_ranks` CPU workers: this process's cores split into that many groups
+    ("0|1" for 2 ranks on 2 cores). vLLM's "auto" binds rank N to NUMA node N, which one-node machines lack."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
+    if len(cores) < num_ranks:
+        raise ValueError(f"EngineConfig.tensor_parallel_size: invalid value {num_ranks}; vLLM-CPU binds each rank "
+                         f"to its own cores and this process has {len(cores)} ({cores}); set {THREADS_BIND_ENV} "
+                         "to override")
+    per = len(cores) // num_ranks
+    return "|".join(",".join(map(str, cores[i * per:(i + 1) * per])) for i in range(num_ranks))
 
 
 def process_env(cfg: EngineConfig, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -175,4 +175,6 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "--out: " in capsys.readouterr().err
     assert main(["bench", "kda_overlap", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == ("error: --out: kda_overlap writes no files but --json; --out is for "
-                                       "cache_retention\n")
+                                       "cache_retention, draft_length\n")
+    assert main(["bench", "moe_dedup", "--quick", "--out", str(tmp_path)]) == 2
+    assert "--out: moe_dedup writes no files" in capsys.readouterr().err

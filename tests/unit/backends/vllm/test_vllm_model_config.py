@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.engine import EngineConfig, engine_kwargs, server_args
+from ablations.backends.vllm.engine import EngineConfig, engine_kwargs, rank_cores, server_args
 from ablations.backends.vllm.tiny_model import STAMP_FILE, tokenizer_vocab, write_model_dir
 
 
@@ -71,6 +71,10 @@ def test_tokenizer_covers_every_model_id(tmp_path):
     ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
     ({"num_gpu_blocks_override": True}, "num_gpu_blocks_override"),
     ({"num_speculative_tokens": 1, "model": ModelConfig(num_nextn_predict_layers=0)}, "spec_method"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": 2, "multiprocess": False}, "tensor_parallel_size"),
+    ({"num_speculative_tokens": 2, "toggles": {"draft_length": {"mode": "off"}}}, "num_speculative_tokens"),
+    ({"toggles": {"draft_length": {"mode": "on"}}, "model": ModelConfig(num_nextn_predict_layers=0)}, "toggles"),
 ])
 def test_bad_engine_values_are_named(values, field):
     with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
@@ -106,3 +110,26 @@ def test_every_cpu_host_runs_cpu_mla(tmp_path):
     assert args[args.index("--attention-backend") + 1] == "CPU_MLA"
     all_kda = EngineConfig(model_dir=str(tmp_path), model=ModelConfig(kda_layers=[1, 2, 3, 4]))
     assert "attention_backend" not in engine_kwargs(all_kda)
+
+
+def test_tensor_parallel_size_reaches_engine_and_server(tmp_path):
+    cfg = EngineConfig(model_dir=str(tmp_path), tensor_parallel_size=2)
+    args = server_args(cfg)
+    assert engine_kwargs(cfg)["tensor_parallel_size"] == 2
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert "tensor_parallel_size" not in engine_kwargs(EngineConfig(model_dir=str(tmp_path)))
+
+
+def test_the_draft_length_toggle_sets_the_speculative_config(tmp_path):
+    cfg = EngineConfig(model_dir=str(tmp_path), toggles={"draft_length": {"mode": "off", "k": 4}})
+    spec = engine_kwargs(cfg)["speculative_config"]
+    assert (spec["method"], spec["num_speculative_tokens"], spec["rejection_sample_method"]) == ("mtp", 4, "synthetic")
+    assert json.loads(server_args(cfg)[server_args(cfg).index("--speculative-config") + 1]) == spec
+    assert "speculative_config" not in engine_kwargs(EngineConfig(model_dir=str(tmp_path),
+                                                                  toggles={"draft_length": {"mode": "k0"}}))
+
+
+def test_cpu_ranks_get_their_own_cores():
+    assert rank_cores(2, [0, 1]) == "0|1" and rank_cores(2, [0, 1, 2, 3]) == "0,1|2,3"
+    with pytest.raises(ValueError, match=r"EngineConfig.tensor_parallel_size: invalid value 4; .* has 2"):
+        rank_cores(4, [0, 1])
