@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PLATFORMS = ("cpu", "rocm", "cuda")
+# vLLM 0.32's K3 code that several packages and the backend's CPU fixes patch, named once.
+K3_VLLM = "vllm.models.kimi_k3.nvidia"
+KDA_OPS = f"{K3_VLLM}.ops.third_party.kda"
+KDA_FORWARD = f"{K3_VLLM}.kda:KimiK3DeltaAttention._forward"
 
 
 @dataclass(frozen=True)

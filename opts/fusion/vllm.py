@@ -18,14 +18,13 @@ from typing import Any
 
 from opts.fusion import engine, naive
 from opts.fusion.config import MECHANISMS, FusionConfig
-from opts.vllm_setting import Patch, VllmSetting, check_platform, not_wired
+from opts.vllm_setting import K3_VLLM, KDA_FORWARD, Patch, VllmSetting, check_platform, not_wired
 
 NAME = "fusion"
 STOCK_MODES = {"cuda": "on"}
 
-K3 = "vllm.models.kimi_k3.nvidia"
-MLA_NORM_TARGET = f"{K3}.mla:fused_q_kv_rmsnorm"
-KDA_FORWARD_TARGET = f"{K3}.kda:KimiK3DeltaAttention._forward"
+MLA_NORM_TARGET = f"{K3_VLLM}.mla:fused_q_kv_rmsnorm"
+KDA_FORWARD_TARGET = KDA_FORWARD
 KDA_FUSED_TARGET = f"{engine.__name__}:kda_decode_slots_fused"
 KDA_UNFUSED_TARGET = f"{naive.__name__}:kda_decode_slots_unfused"
 MLA_COUNTER = "fusion_mla_norm_fused"

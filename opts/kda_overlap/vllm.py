@@ -15,13 +15,12 @@ from __future__ import annotations
 from opts.base import ToggleConfig
 from opts.kda_overlap import vllm_overlap
 from opts.kda_overlap.config import KdaOverlapConfig
-from opts.vllm_setting import Patch, VllmSetting, check_platform, not_wired
+from opts.vllm_setting import KDA_FORWARD, KDA_OPS, Patch, VllmSetting, check_platform, not_wired
 
 NAME = "kda_overlap"
 STOCK_MODES = {"cpu": "off", "rocm": "off", "cuda": "off"}
 
-KDA_OPS = "vllm.models.kimi_k3.nvidia.ops.third_party.kda"
-FORWARD_TARGET = "vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward"
+FORWARD_TARGET = KDA_FORWARD
 VERIFY_TARGET = f"{KDA_OPS}:fused_recurrent_kda"
 PREFILL_TARGET = f"{KDA_OPS}:chunk_kda_with_fused_gate"
 PACKED_TARGET = f"{vllm_overlap.__name__}:packed_step"

@@ -19,13 +19,13 @@ from __future__ import annotations
 from opts.base import ToggleConfig
 from opts.moe_dedup import vllm_tail
 from opts.moe_dedup.config import MoeDedupConfig
-from opts.vllm_setting import Patch, VllmSetting, check_platform, not_wired
+from opts.vllm_setting import K3_VLLM, Patch, VllmSetting, check_platform, not_wired
 
 NAME = "moe_dedup"
 STOCK_MODES = {"cpu": "on", "rocm": "on", "cuda": "tiered"}
 VLLM_TIER_THRESHOLD = 256
 
-NVIDIA_RUNNER = "vllm.models.kimi_k3.nvidia.latent_moe_runner:LatentMoERunner"
+NVIDIA_RUNNER = f"{K3_VLLM}.latent_moe_runner:LatentMoERunner"
 ROCM_RUNNER = "vllm.models.kimi_k3.amd.latent_moe_runner:ROCmLatentMoERunner"
 REPLICATED_COUNTER = "moe_dedup_replicated_tail"
 SHARDED_COUNTER = "moe_dedup_sharded_tail"

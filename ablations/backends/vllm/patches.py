@@ -8,6 +8,7 @@ is data (`opts.vllm_setting`), so an optimization's `vllm.py` declares patches w
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ablations.backends.vllm.counters import counted
 from opts.vllm_setting import Patch
 
 __all__ = ["Patch", "after_init", "install", "install_all", "installed", "is_installed", "original",
-           "replacement", "resolve", "stock"]
+           "replacement", "resolve", "same_wrap", "stock"]
 
 
 def replacement(new: Any) -> Callable[[Any], Any]:
@@ -76,10 +77,35 @@ def _counted(value: Any, counter: str) -> Any:
     return counted(counter)(value)
 
 
+def same_wrap(a: Any, b: Any) -> bool:
+    """Whether two wraps do the same: the same object, partials of the same function with equal arguments, or
+    closures of the same code over the same values (a factory called twice with equal parameters)."""
+    if a is b:
+        return True
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return same_wrap(a.func, b.func) and a.args == b.args and a.keywords == b.keywords
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    if code_a is None or code_a is not code_b or a.__defaults__ != b.__defaults__:
+        try:
+            return bool(a == b)
+        except Exception:   # values with no truth for == (tensors): only the same object is the same
+            return False
+    cells_a, cells_b = a.__closure__ or (), b.__closure__ or ()
+    return all(x.cell_contents is y.cell_contents or same_wrap(x.cell_contents, y.cell_contents)
+               for x, y in zip(cells_a, cells_b, strict=True))
+
+
 def install(patch: Patch) -> None:
-    """Apply `patch` on top of whatever its target holds now; installing the same patch again does nothing."""
+    """Apply `patch` on top of whatever its target holds now; installing the same patch again does nothing. A patch
+    equal to an installed one (target, why, counter) whose wrap does something else is refused: two patches of one
+    target must say why they differ."""
     done = _installed.get(patch.target)
-    if done is not None and patch in done.patches:
+    twin = next((p for p in done.patches if p == patch), None) if done is not None else None
+    if twin is not None:
+        if not same_wrap(twin.wrap, patch.wrap):
+            raise ValueError(f"patch {patch.target} ({patch.why}): already installed with another wrap "
+                             f"({twin.wrap!r}, now {patch.wrap!r}); patches of one target that differ in their "
+                             "parameters must differ in `why`")
         return
     owner, attr = resolve(patch.target)
     current = _current(owner, attr)

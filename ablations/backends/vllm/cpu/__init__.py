@@ -23,9 +23,8 @@ from ablations.backends.vllm.cpu import (
 )
 from ablations.backends.vllm.cpu.triton_dispatch import rebind_kernels
 from ablations.backends.vllm.patches import Patch, after_init, install_all, original, replacement
+from opts.vllm_setting import K3_VLLM, KDA_OPS
 
-K3 = "vllm.models.kimi_k3.nvidia"
-KDA_OPS = f"{K3}.ops.third_party.kda"
 KIMI_LINEAR_KDA = "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"
 GATHER_STATES = "vllm.model_executor.layers.mamba.ops.gather_initial_states"
 
@@ -35,24 +34,24 @@ KERNELS = [
     (f"{KDA_OPS}:fused_recurrent_kda", kda.fused_recurrent_kda, "kda_recurrent_verify", "S4"),
     (f"{KDA_OPS}:fused_recurrent_kda_packed_decode", kda.fused_recurrent_kda_packed_decode, "kda_packed_decode",
      "S4"),
-    (f"{K3}.kda:gather_initial_states", kda.gather_initial_states, "kda_gather_initial_states", "S3"),
+    (f"{K3_VLLM}.kda:gather_initial_states", kda.gather_initial_states, "kda_gather_initial_states", "S3"),
     (f"{KIMI_LINEAR_KDA}:gather_initial_states", kda.gather_initial_states, "kda_gather_initial_states", "S3"),
     (f"{GATHER_STATES}:gather_initial_states", kda.gather_initial_states, "kda_gather_initial_states", "S3"),
-    (f"{K3}.kda:causal_conv1d_update", conv.causal_conv1d_update, "conv_update", "S8"),
+    (f"{K3_VLLM}.kda:causal_conv1d_update", conv.causal_conv1d_update, "conv_update", "S8"),
     (f"{KIMI_LINEAR_KDA}:causal_conv1d_update", conv.causal_conv1d_update, "conv_update", "S8"),
-    (f"{K3}.kda_metadata:_mamba_get_block_table_tensor", kda_metadata.mamba_get_block_table_tensor,
+    (f"{K3_VLLM}.kda_metadata:_mamba_get_block_table_tensor", kda_metadata.mamba_get_block_table_tensor,
      "kda_aligned_state_slots", "S17"),
-    (f"{K3}.mla:fused_mla_key_concat_kv_cache_insert", mla.fused_mla_key_concat_kv_cache_insert,
+    (f"{K3_VLLM}.mla:fused_mla_key_concat_kv_cache_insert", mla.fused_mla_key_concat_kv_cache_insert,
      "mla_prefill_key_concat_cache_insert", "S2"),
-    (f"{K3}.mla:fused_mla_decode_q_concat_kv_cache_insert", mla.fused_mla_decode_q_concat_kv_cache_insert,
+    (f"{K3_VLLM}.mla:fused_mla_decode_q_concat_kv_cache_insert", mla.fused_mla_decode_q_concat_kv_cache_insert,
      "mla_decode_q_concat_cache_insert", "S2"),
-    (f"{K3}.mla:fused_mla_kv_concat", mla.fused_mla_kv_concat, "mla_context_key_concat", "S2"),
-    (f"{K3}.mla:fused_q_kv_rmsnorm", mla.fused_q_kv_rmsnorm, "mla_q_kv_rmsnorm", "S15"),
+    (f"{K3_VLLM}.mla:fused_mla_kv_concat", mla.fused_mla_kv_concat, "mla_context_key_concat", "S2"),
+    (f"{K3_VLLM}.mla:fused_q_kv_rmsnorm", mla.fused_q_kv_rmsnorm, "mla_q_kv_rmsnorm", "S15"),
     (mla.GATHER_TARGET, mla.gather_context_latent, "mla_context_gather", "S7"),
     ("vllm.v1.attention.backends.mla.prefill.cpu_sdpa:CPUSDPAMLAPrefillBackend.run_prefill_context_chunk",
      mla.run_prefill_context_chunk, "mla_context_chunk_attention", "S9"),
-    (f"{K3}.mtp:fused_mtp_input", mtp.fused_mtp_input, "mtp_input", "S18"),
-    (f"{K3}.model:attn_res", attn_res.attn_res, "attn_res", "S19"),
+    (f"{K3_VLLM}.mtp:fused_mtp_input", mtp.fused_mtp_input, "mtp_input", "S18"),
+    (f"{K3_VLLM}.model:attn_res", attn_res.attn_res, "attn_res", "S19"),
     ("vllm.v1.worker.cpu_model_runner:CPUModelRunner._zero_block_ids", kv_blocks.zero_block_ids,
      "zero_new_blocks", "S10"),
 ]
@@ -109,17 +108,17 @@ PATCHES = [
           "S6: hybrid alignment raises MLA's block size past the 16 CPU_MLA accepts"),
     Patch(OVERRIDES_TARGET, replacement(classmethod(register_triton_kernel_overrides)),
           "S12, S13: align-mode state moves and synthetic rejection sampling are Triton only"),
-    Patch(f"{K3}.model:maybe_init_gemm_rs_ar", replacement(no_gemm_allreduce),
+    Patch(f"{K3_VLLM}.model:maybe_init_gemm_rs_ar", replacement(no_gemm_allreduce),
           "S14: VLLM_KIMI_K3_GEMM_AR (on by default) needs cutlass, absent on CPU"),
-    Patch(f"{K3}.mla:MultiHeadLatentAttention.__init__", after_init(mla.prepare_layer),
+    Patch(f"{K3_VLLM}.mla:MultiHeadLatentAttention.__init__", after_init(mla.prepare_layer),
           "S1: the CPU GEMM packer empties kv_b_proj, which K3's MLA reads to absorb W_UK/W_UV"),
     Patch(kda.K3_FORWARD, replacement(kda.observe_mixed_steps),
           "counts KDA steps that mix prefill chunks with verification rows (what kda_overlap acts on); no fix"),
-    Patch(f"{K3}.model:KimiDecoderLayer.__init__", after_init(attn_res.keep_res_proj_weights),
+    Patch(f"{K3_VLLM}.model:KimiDecoderLayer.__init__", after_init(attn_res.keep_res_proj_weights),
           "S1: the CPU GEMM packer empties the attention-residual projections"),
-    Patch(f"{K3}.model:KimiLinearModel.__init__", after_init(attn_res.keep_res_proj_weights),
+    Patch(f"{K3_VLLM}.model:KimiLinearModel.__init__", after_init(attn_res.keep_res_proj_weights),
           "S1: the CPU GEMM packer empties the final attention-residual projection"),
-    Patch(f"{K3}.model:KimiRoutedOutputTransform.__init__", after_init(moe.keep_up_proj_weight),
+    Patch(f"{K3_VLLM}.model:KimiRoutedOutputTransform.__init__", after_init(moe.keep_up_proj_weight),
           "S23: the CPU GEMM packer empties the latent-MoE up-projection, which the tensor-parallel tail reads"),
     Patch("vllm.v1.worker.gpu_model_runner:copy_kv_cache_blocks_inplace",
           replacement(kv_blocks.copy_kv_cache_blocks_inplace),

@@ -28,6 +28,7 @@ import torch
 from opts import k3
 from opts.k3 import kda_gate as activate_gate
 from opts.kda_overlap.vllm_kernels import chunk_kda_with_fused_gate, fused_recurrent_kda
+from opts.vllm_setting import KDA_FORWARD
 
 __all__ = ["MIXED_STEP_COUNTER", "activate_gate", "chunk_kda_with_fused_gate", "fused_recurrent_kda",
            "fused_recurrent_kda_packed_decode", "gather_initial_states", "observe_mixed_steps"]
@@ -98,7 +99,7 @@ def gather_initial_states(
 
 
 MIXED_STEP_COUNTER = "kda_mixed_prefill_verify_calls"
-K3_FORWARD = "vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward"
+K3_FORWARD = KDA_FORWARD
 
 
 def observe_mixed_steps(self, *args, **kwargs):

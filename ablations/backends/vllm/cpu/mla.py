@@ -14,6 +14,7 @@ import torch
 
 from ablations.backends.vllm.patches import original
 from opts.k3 import rms_norm_native
+from opts.vllm_setting import K3_VLLM
 
 
 def _no_rope(positions: torch.Tensor | None, cos_sin_cache: torch.Tensor | None, where: str) -> None:
@@ -71,7 +72,7 @@ def fused_q_kv_rmsnorm(qr, kv, q_weight, kv_weight, eps):
     return rms_norm_native(qr, q_weight, eps), rms_norm_native(kv, kv_weight, eps)
 
 
-GATHER_TARGET = "vllm.models.kimi_k3.nvidia.mla:MultiHeadLatentAttention._gather_context_latent"
+GATHER_TARGET = f"{K3_VLLM}.mla:MultiHeadLatentAttention._gather_context_latent"
 
 
 def gather_context_latent(self, chunk, kv_cache, prefill, fp8_prefill) -> None:

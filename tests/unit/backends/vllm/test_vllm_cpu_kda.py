@@ -42,16 +42,19 @@ def l2(x):
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def kernel_step(h, q, k, v, g, beta):
-    """One token of fused_recurrent_kda_fwd_kernel (:232-269) for all heads; h [H, V, K] fp32."""
-    q, k = l2(q) * K**-0.5, l2(k)
+def kernel_step(h, q, k, v, g, beta, l2norm: bool = True):
+    """One token of fused_recurrent_kda_fwd_kernel (:232-269) for all heads; h [H, V, K] fp32; q and k
+    L2-normalised only under USE_QK_L2NORM_IN_KERNEL (`l2norm`)."""
+    q, k = (l2(q), l2(k)) if l2norm else (q.float(), k.float())
+    q = q * K**-0.5
     h = h * torch.exp(g)[:, None, :]
     v = (v.float() - (h * k[:, None, :]).sum(-1)) * beta[:, None]
     h = h + v[:, :, None] * k[:, None, :]
     return h, (h * q[:, None, :]).sum(-1)
 
 
-def reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, state, cu, slots, accepted, out):
+def reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, state, cu, slots, accepted, out,
+                        l2norm: bool = True):
     """fused_recurrent_kda_fwd_kernel over every sequence, in place on `state` and `out` (vLLM's semantics)."""
     g, beta = kernel_gate(raw_g, A_log, dt_bias, lower_bound), torch.sigmoid(raw_beta.float())
     slots = slots.view(-1, 1) if slots.ndim == 1 else slots
@@ -66,7 +69,7 @@ def reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, s
         h = state[src].float()
         for t in range(eos - bos):
             h, out[0, bos + t] = kernel_step(h, q[0, bos + t], k[0, bos + t], v[0, bos + t], g[0, bos + t],
-                                             beta[0, bos + t])
+                                             beta[0, bos + t], l2norm)
             if int(slots[n, t]) > 0:
                 state[int(slots[n, t])] = h
     return out, state
@@ -82,21 +85,25 @@ def test_gate_matches_the_kernels_formula(lower_bound):
 
 @pytest.mark.parametrize("lower_bound", [None, -3.0])
 @pytest.mark.parametrize("with_initial_state", [True, False])
-def test_chunk_prefill_matches_the_kernels_recurrence(lower_bound, with_initial_state):
-    """Packed sequences longer than one chunk: outputs and final states [N, H, dv, dk]."""
+@pytest.mark.parametrize("l2norm", [True, False], ids=["l2norm", "no_l2norm"])
+def test_chunk_prefill_matches_the_kernels_recurrence(lower_bound, with_initial_state, l2norm):
+    """Packed sequences longer than one chunk: outputs and final states [N, H, dv, dk]; q and k normalised in the
+    kernel only when asked (without it they are scaled to norm ~0.8, where the delta rule stays stable)."""
     lens = [70, 1, 9]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     q, k, v, raw_g, raw_beta, A_log, dt_bias = inputs(sum(lens), seed=1)
+    if not l2norm:
+        q, k = q * 0.3, k * 0.3
     h0 = torch.randn(len(lens), H, V, K, generator=torch.Generator().manual_seed(2))
     out = torch.full_like(v, float("nan"))
     got, final = kda.chunk_kda_with_fused_gate(
         q, k, v, raw_g, raw_beta, A_log, dt_bias, initial_state=h0.clone() if with_initial_state else None,
-        output_final_state=True, lower_bound=lower_bound, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, out=out,
+        output_final_state=True, lower_bound=lower_bound, use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu, out=out,
     )
     state = torch.cat([torch.zeros(1, H, V, K), h0 if with_initial_state else torch.zeros_like(h0)])
     slots = torch.arange(1, len(lens) + 1).view(-1, 1).expand(-1, max(lens)).contiguous()
     want, want_state = reference_recurrent(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, state, cu, slots,
-                                           None, torch.empty_like(v))
+                                           None, torch.empty_like(v), l2norm)
     assert got is out
     torch.testing.assert_close(got, want, **TOL)
     torch.testing.assert_close(final, want_state[1:], **TOL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import types
@@ -62,6 +63,24 @@ def test_a_second_patch_wraps_the_first(toy):
     assert toy.f(1) == 22
     assert patches.original("k3_toy:f") is stock and patches.is_installed("k3_toy:f")
     assert patches.installed() == [fix, toggle]
+
+
+def test_two_patches_of_one_target_differing_only_in_parameters_are_refused(toy):
+    def scale(factor, old):
+        return lambda x: factor * old(x)
+
+    def scaled(factor):
+        return lambda old: scale(factor, old)
+
+    install(Patch("k3_toy:f", functools.partial(scale, 2), "toggle: scales"))
+    install(Patch("k3_toy:f", functools.partial(scale, 2), "toggle: scales"))  # equal parameters: the same patch
+    with pytest.raises(ValueError, match=r"patch k3_toy:f \(toggle: scales\): already installed with another wrap"):
+        install(Patch("k3_toy:f", functools.partial(scale, 3), "toggle: scales"))
+    install(Patch("k3_toy:f", scaled(5), "toggle: by 5"))
+    install(Patch("k3_toy:f", scaled(5), "toggle: by 5"))   # the factory again, same parameter: the same patch
+    with pytest.raises(ValueError, match="already installed with another wrap"):
+        install(Patch("k3_toy:f", scaled(7), "toggle: by 5"))
+    assert toy.f(1) == 5 * 2 * 2 and len(patches.installed()) == 2
 
 
 def test_counted_classmethod_and_constructor_hook(toy, tmp_path, monkeypatch):

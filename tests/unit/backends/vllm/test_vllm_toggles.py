@@ -13,6 +13,7 @@ import pytest
 from ablations.backends.vllm import counters, patches
 from ablations.backends.vllm.__main__ import main, toggle_overrides
 from ablations.backends.vllm.engine import CPU_MLA_BACKEND, EngineConfig, engine_env, engine_kwargs
+from ablations.backends.vllm.patches import same_wrap
 from ablations.backends.vllm.toggles import CONFIG_KEY, read_records, toggle_patches
 from opts.registry import OPTIMIZATIONS, parse_vector, vector_dict
 from opts.vllm_setting import PLATFORMS, VllmSetting
@@ -156,3 +157,13 @@ def test_counts_reach_disk_without_a_new_kernel_name(tmp_path, monkeypatch):
     counters.count(name)
     counters.wait_flushed()
     assert counters.read_counts(tmp_path)[name] == 2
+
+
+def test_a_vector_set_up_twice_gives_the_same_patches():
+    """A process that installs its vector twice (worker and scheduler hooks) builds fresh patches each time: the
+    patch layer must see them as the ones installed, not as a second patch of the target."""
+    for name, mode, platform, setting in wired_cells():
+        first, again = (toggle_patches(parse_vector({name: {"mode": mode}}), platform) for _ in range(2))
+        assert len(first) == len(again) == len(setting.patches)
+        for a, b in zip(first, again, strict=True):
+            assert a == b and same_wrap(a.wrap, b.wrap), (name, mode, platform, a.target)

@@ -1,6 +1,7 @@
 """evict's reuse order: live holders, causality (decisions before t ignore what comes after t), and when it is LRU."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 from cache_retention_helpers import recording
@@ -10,7 +11,8 @@ from ablations.workload.cache_stream import cache_stream
 from opts.cache_retention.evict import SessionFreeList
 from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.geometry import TINY
-from opts.cache_retention.pool import Resume, replay
+from opts.cache_retention.pool import ATTN, Resume, replay
+from opts.cache_retention.reference import BeladyFreeList
 from opts.cache_retention.stream import CacheStream
 
 
@@ -86,3 +88,16 @@ def test_evict_is_lru_with_one_holder_per_block_and_no_idle_session(stream, resu
     assert on.num_evictions > 0
     assert evict.pops == lru.pops
     assert (on.hits, on.num_evictions, on.num_waits) == (off.hits, off.num_evictions, off.num_waits)
+
+
+def test_belady_reuses_the_furthest_next_use_first_not_counting_the_request_being_served():
+    """At request 5, which reads block A (A read again at 9) and not B (read at 7): A's next use is 9, so A goes
+    first; counting request 5 itself as A's next use would keep A and evict B."""
+    key_a, key_b, key_c = (ATTN, 0, "a"), (ATTN, 0, "b"), (ATTN, 0, "c")
+    free = BeladyFreeList({(ATTN, "a"): [2, 5, 9], (ATTN, "b"): [7], (ATTN, "c"): [3]})
+    free.bind(SimpleNamespace(key_of={1: key_a, 2: key_b, 3: key_c}, depth={1: 0, 2: 0, 3: 0},
+                              cached={key_a: [1], key_b: [2], key_c: [3]}))
+    free.note_admit(None, 0.0, 5)
+    for block in (2, 1, 3):
+        free.append(block)
+    assert [free.pop(), free.pop(), free.pop()] == [3, 1, 2], "c: never again; a: at 9; b: at 7"
