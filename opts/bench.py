@@ -244,6 +244,18 @@ def format_row(row: dict[str, Any]) -> str:
             f"x{row['ratio']:.2f}  on {row['on_GBps']:7.2f} GB/s ({row['on_frac_of_copy_bw']:.0%} of copy bw)")
 
 
+def make_out_dir(path: str | Path) -> Path:
+    """`--out`: the folder `path`, created; a file there, or a folder that cannot be made, is a ValueError."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out: {str(path)!r} is a file; give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out: cannot create {str(path)!r}: {err.strerror or err}") from None
+    return path
+
+
 def check_writable(path: str | Path) -> Path:
     """`path` as a Path if a file can be written there (its folder exists and is writable), else a ValueError."""
     path = Path(path)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opts.bench import make_out_dir
 from opts.cache_retention.cases import HitRateCase
 from opts.cache_retention.plot import plot_sweep
 from opts.cache_retention.sweep import SweepResult, available_cores, sweep
@@ -17,14 +18,7 @@ DEFAULT_OUT = Path("outputs") / "cache_retention"
 
 def check_out_dir(out_dir: str | Path | None) -> Path:
     """The plots' folder (default `outputs/cache_retention/` here), created; a file there is a ValueError."""
-    path = Path(out_dir) if out_dir is not None else DEFAULT_OUT
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out: {str(path)!r} is a file; give a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"--out: cannot create {str(path)!r}: {err.strerror or err}") from None
-    return path
+    return make_out_dir(out_dir if out_dir is not None else DEFAULT_OUT)
 
 
 def case_row(case: HitRateCase, result: SweepResult, plot: Path) -> dict[str, Any]:

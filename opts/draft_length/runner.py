@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opts.bench import make_out_dir
 from opts.draft_length.cases import GoodputCase
 from opts.draft_length.evaluate import evaluate, table
 from opts.draft_length.measure import measure
@@ -16,16 +17,7 @@ from opts.machine import cpu_isa, cpu_model
 
 def check_out_dir(out_dir: str | Path | None) -> Path | None:
     """The folder for the raw samples (None: none written), created; a file there is a ValueError."""
-    if out_dir is None:
-        return None
-    path = Path(out_dir)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"--out: {str(path)!r} is a file; give a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"--out: cannot create {str(path)!r}: {err.strerror or err}") from None
-    return path
+    return None if out_dir is None else make_out_dir(out_dir)
 
 
 def run_case(case: GoodputCase, progress: Callable[[str], None] | None = print) -> dict[str, Any]:
