@@ -35,18 +35,28 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
+    """(state letter, parent pid) from /proc/<pid>/stat, or None when the process is gone."""
+    stat = _read(Path(f"/proc/{pid}/stat"))
+    if stat is None:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
+    state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+    return state, int(ppid)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    found = _state_and_parent(pid)
+    return found is not None and found[0] not in "ZX"
+
+
 def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _read(entry / "stat")
-        if stat is None:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
-        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
-        if state not in ("Z", "X"):
-            children.setdefault(int(ppid), []).append(int(entry.name))
+        found = _state_and_parent(entry.name) if entry.name.isdigit() else None
+        if found is not None and found[0] not in "ZX":
+            children.setdefault(found[1], []).append(int(entry.name))
     return children
 
 
@@ -77,13 +87,8 @@ def end_processes(procs: list[Proc], grace_s: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p.pid, sig)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(_alive(p.pid) for p in procs):
+        while time.monotonic() < deadline and any(alive(p.pid) for p in procs):
             time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    stat = _read(Path(f"/proc/{pid}/stat"))
-    return stat is not None and stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def wait_gone(pid: int | None = None, within_s: float = 10.0) -> list[Proc]:

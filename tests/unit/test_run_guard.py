@@ -27,14 +27,6 @@ def run_pytest(tmp_path: Path, source: str, *options: str) -> procs.subprocess.C
     return procs.run(cmd, timeout_s=RUN_LIMIT_S, cwd=tmp_path, env=env)
 
 
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
 def test_the_limits_are_configured(pytestconfig):
     assert float(pytestconfig.getini("timeout")) > 0 and pytestconfig.getini("timeout_method") == "signal"
     assert float(pytestconfig.getini("engine_timeout")) > float(pytestconfig.getini("timeout"))
@@ -62,7 +54,7 @@ def test_a_process_left_behind_fails_the_run_by_name_and_is_ended(tmp_path):
     assert "1 passed" in done.stdout, done.stdout[-3000:]
     assert done.returncode == 1, "a leftover process must fail the run"
     assert "process guard: 1 process(es)" in done.stdout and "sleep 4242" in done.stdout, done.stdout[-3000:]
-    assert not alive(int(pid_file.read_text()))
+    assert not procs.alive(int(pid_file.read_text()))
 
 
 def test_a_hung_test_s_children_do_not_outlive_the_run(tmp_path):
@@ -73,7 +65,7 @@ def test_a_hung_test_s_children_do_not_outlive_the_run(tmp_path):
               "    time.sleep(10**6)\n")
     done = run_pytest(tmp_path, source, "-o", "timeout=2")
     assert done.returncode == 1 and "Timeout" in done.stdout and "sleep 4343" in done.stdout, done.stdout[-3000:]
-    assert not alive(int(pid_file.read_text()))
+    assert not procs.alive(int(pid_file.read_text()))
 
 
 def test_procs_run_kills_the_whole_group_on_its_limit(tmp_path):
@@ -82,4 +74,4 @@ def test_procs_run_kills_the_whole_group_on_its_limit(tmp_path):
               f"open({str(pid_file)!r}, 'w').write(str(p.pid))\ntime.sleep(10**6)\n")
     with pytest.raises(AssertionError, match="did not finish within 3 s"):
         procs.run([sys.executable, "-c", script], timeout_s=3)
-    assert not alive(int(pid_file.read_text()))
+    assert not procs.alive(int(pid_file.read_text()))

@@ -3,6 +3,8 @@ against the float64 reference."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from opts.moe_dedup.dist import Comm
@@ -45,8 +47,6 @@ def hang(comm: Comm) -> None:
     if comm.rank != 0:
         comm.all_reduce(torch.ones(1))
     else:
-        import time
-
         time.sleep(10**6)
 
 
