@@ -19,8 +19,8 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
 - `__init__.py`: the public API (`__all__`) and the `OPTIMIZATION` record `opts.registry` lists.
 
 A package imports no other optimization package: K3's sizes and shared math live in `opts.k3`. `opts` imports
-nothing from `ablations`, except cache_retention's bench cases and sweep, which read traces through
-`ablations.workload` (a workload, not a backend), when a case runs.
+nothing from `ablations` (the contract test checks every file): what a package needs from the layer above is
+handed down, as cache_retention's sweep scenarios are through an entry-point group.
 Later part: `sim.py` (the mechanism in the cost model).
 """
 

@@ -5,13 +5,27 @@ a session trace, so a turn never starts before the turn it continues has finishe
 the previous one when its prompt holds the previous prompt's full blocks and is at least as long as that
 prompt and its answer (the generator's sessions always do): the previous turn's tokens, answer included, are
 then named by the next turn's hash ids, as they are the same tokens.
+
+`cache_scenarios` hands cache_retention its built-in sweep scenarios (the workload presets and the vendored
+Mooncake traces) through the entry-point group `k3_ablate.cache_scenarios` (pyproject.toml): `opts` never
+imports this layer.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
+from ablations.workload.generate import generate
+from ablations.workload.io import read_trace
+from ablations.workload.paths import TRACES
+from ablations.workload.presets import preset
 from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule, simulate
 from ablations.workload.trace import Request, Trace
+from opts.cache_retention.geometry import K3_TP8, TINY
 from opts.cache_retention.stream import CacheRequest, CacheStream
+from opts.cache_retention.sweep import Scenario
+
+QUICK_CONVERSATION_REQUESTS = 1000
 
 
 def continues(previous: Request, request: Request, block_size: int) -> bool:
@@ -71,3 +85,36 @@ def cache_stream(trace: Trace, *, prefill_tok_s: float = 20_000.0, decode_tok_s:
             num_output_tokens=r.output_length, chunk_ids=tuple(ids[i]), session=r.session,
             continues=None if before is None else position[before], parent=r.parent_session))
     return CacheStream(tuple(stream), trace.block_size, trace.source)
+
+
+def preset_stream(name: str, seed: int = 0) -> CacheStream:
+    """The cache stream of workload preset `name` generated with `seed`."""
+    return cache_stream(generate(preset(name), seed=seed))
+
+
+def file_stream(path: str, num_requests: int | None = None) -> CacheStream:
+    """The cache stream of a trace file (`pkg://` paths resolve in the package), cut to its first
+    `num_requests` requests when given."""
+    trace = read_trace(path)
+    if num_requests is not None:
+        if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
+            raise ValueError(f"num_requests: invalid value {num_requests!r}; valid: an integer >= 1 or None")
+        trace = Trace(trace.requests[:num_requests], trace.block_size, trace.source)
+    return cache_stream(trace)
+
+
+def cache_scenarios() -> dict[str, Scenario]:
+    """cache_retention's built-in sweep scenarios: the agentx presets and the Mooncake traces at K3's TP8
+    geometry (agentx_small at the tiny model's); the quick bench runs agentx_small and the conversation
+    trace's first QUICK_CONVERSATION_REQUESTS requests."""
+    conversation = f"{TRACES}/conversation_trace.jsonl.gz"
+    cut = f"mooncake_conversation_{QUICK_CONVERSATION_REQUESTS}"
+    found = [
+        Scenario("agentx", partial(preset_stream, "agentx"), K3_TP8),
+        Scenario("agentx_small", partial(preset_stream, "agentx_small"), TINY, quick=True),
+        Scenario("mooncake_conversation", partial(file_stream, conversation), K3_TP8),
+        Scenario("mooncake_synthetic", partial(file_stream, f"{TRACES}/synthetic_trace.jsonl.gz"), K3_TP8),
+        Scenario(cut, partial(file_stream, conversation, QUICK_CONVERSATION_REQUESTS), K3_TP8, quick=True,
+                 full=False),
+    ]
+    return {s.name: s for s in found}

@@ -22,12 +22,11 @@ from opts.cache_retention.reference import run_belady, run_unbounded
 from opts.cache_retention.retention import run
 from opts.cache_retention.runner import run_bench
 from opts.cache_retention.stream import CacheRequest, CacheStream
-from opts.cache_retention.sweep import SCENARIOS, Scenario, SweepResult, scenario, sweep
+from opts.cache_retention.sweep import Scenario, SweepResult, scenario, scenarios, sweep
 
 __all__ = [
     "K3_TP8",
     "OPTIMIZATION",
-    "SCENARIOS",
     "TINY",
     "CacheGeometry",
     "CacheRequest",
@@ -52,6 +51,7 @@ __all__ = [
     "run_off",
     "run_unbounded",
     "scenario",
+    "scenarios",
     "sweep",
 ]
 

@@ -4,21 +4,16 @@ policy (`sweep.py`); its `ratio` is on's hit rate over off's (the smallest over 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
-from opts.cache_retention.geometry import K3_TP8
 from opts.cache_retention.sweep import (
     FRACTIONS,
     POLICIES,
-    SCENARIOS,
-    TRACES,
+    SCENARIO_GROUP,
     Scenario,
     check_fractions,
     check_policies,
-    file_stream,
+    scenarios,
 )
-
-QUICK_CONVERSATION_REQUESTS = 1000
 
 
 @dataclass(frozen=True)
@@ -39,17 +34,11 @@ class HitRateCase:
         object.__setattr__(self, "policies", check_policies(self.policies))
 
 
-def quick_conversation() -> Scenario:
-    """The first QUICK_CONVERSATION_REQUESTS requests of Mooncake's conversation trace, at K3_TP8."""
-    name = f"mooncake_conversation_{QUICK_CONVERSATION_REQUESTS}"
-    build = partial(file_stream, f"{TRACES}/conversation_trace.jsonl.gz", QUICK_CONVERSATION_REQUESTS)
-    return Scenario(name, build, K3_TP8)
-
-
 def bench_cases(quick: bool, device: str) -> list[HitRateCase]:
-    """The hit-rate cases: every built-in scenario, or (quick) agentx_small and a cut of the conversation trace.
-    The model runs on the CPU whatever `device` is."""
-    if quick:
-        return [HitRateCase("quick_agentx_small", SCENARIOS["agentx_small"]),
-                HitRateCase(f"quick_{quick_conversation().name}", quick_conversation())]
-    return [HitRateCase(name, scenario) for name, scenario in SCENARIOS.items()]
+    """The hit-rate cases: every installed scenario of the full bench, or (quick) those of the quick bench
+    (named quick_<scenario>). The model runs on the CPU whatever `device` is."""
+    found = [s for s in scenarios().values() if (s.quick if quick else s.full)]
+    if not found:
+        raise ValueError(f"cache_retention: no {'quick' if quick else 'full'} bench scenario is installed (entry-point "
+                         f"group {SCENARIO_GROUP}; k3-ablate's workload registers them: pip install -e .)")
+    return [HitRateCase(f"quick_{s.name}" if quick else s.name, s) for s in found]

@@ -36,8 +36,14 @@ class SessionFreeList(RankedFreeList):
         self._counted: set = set()
         self._parent: dict[str, str] = {}
 
+    @property
+    def num_open_requests(self) -> int:
+        """Requests admitted and not finished yet (what the list remembers per request)."""
+        return len(self._counted)
+
     def num_live_holders(self, block_id: int) -> int:
-        return sum(1 for s in self._holders.get(block_id, ()) if s in self._live)
+        holders = self._holders.get(block_id)
+        return len(self._live.intersection(holders)) if holders else 0
 
     def append(self, block_id: int) -> None:
         self._seq += 1
@@ -97,10 +103,12 @@ class SessionFreeList(RankedFreeList):
             if s not in self._live:
                 self._set_live(s, True)
 
-    def note_finish(self, session: str | None, now_s: float) -> None:
+    def note_finish(self, session: str | None, now_s: float, index: int) -> None:
+        """Request `index` of `session` finished at `now_s`: the session is idle `idle_s` after its last one."""
         self._advance(now_s)
-        if session is None:
+        if session is None or index not in self._counted:
             return
+        self._counted.discard(index)
         for s in self._lineage(session):
             self._running[s] -= 1
             if self._running[s] == 0:

@@ -50,8 +50,8 @@ class LruFreeList:
     def note_admit(self, session: str | None, now_s: float, index: int, parent: str | None = None) -> None:
         """Request `index` of `session` starts at `now_s` (LRU ignores it)."""
 
-    def note_finish(self, session: str | None, now_s: float) -> None:
-        """A request of `session` finished at `now_s` (LRU ignores it)."""
+    def note_finish(self, session: str | None, now_s: float, index: int) -> None:
+        """Request `index` of `session` finished at `now_s` (LRU ignores it)."""
 
 
 class RankedFreeList:

@@ -97,6 +97,8 @@ class HybridPool:
         self.block_size = geometry.block_size
         self.chunk_size = chunk_size
         self.num_blocks = num_blocks
+        self._num_groups = {ATTN: geometry.num_attn_groups, RESUME_BLOCK: geometry.num_attn_groups,
+                            STATE: geometry.num_state_groups, RESUME_STATE: geometry.num_state_groups}
         self.free = free_list
         self.free.prepend(list(range(1, num_blocks + 1)))
         self.resume = resume
@@ -113,10 +115,13 @@ class HybridPool:
 
     def _lookup(self, kind: str, key) -> list[int] | None:
         """One block per group holding (kind, key), or None."""
-        groups = self.geometry.num_state_groups if kind in (STATE, RESUME_STATE) else self.geometry.num_attn_groups
+        cached = self.cached
+        if self._num_groups[kind] == 1:     # the common case, made cheap: this runs for every block of a hit
+            bids = cached.get((kind, 0, key))
+            return [bids[0]] if bids else None
         found = []
-        for g in range(groups):
-            bids = self.cached.get((kind, g, key))
+        for g in range(self._num_groups[kind]):
+            bids = cached.get((kind, g, key))
             if not bids:
                 return None
             found.append(bids[0])
@@ -172,12 +177,18 @@ class HybridPool:
 
     # requests
 
-    def find_hit(self, request: CacheRequest, keys: list, previous: CacheRequest | None) -> tuple[int, bool, int]:
-        """(cached prompt tokens, whether they come from a resume point, leading cached attention blocks)."""
+    def find_hit(self, request: CacheRequest, keys: list,
+                 previous: CacheRequest | None) -> tuple[int, bool, list[list[int]]]:
+        """(cached prompt tokens, whether they come from a resume point, the leading cached attention blocks:
+        one block per group for each)."""
         limit = (request.num_prompt_tokens - 1) // self.block_size
-        leading = 0
-        while leading < limit and self._lookup(ATTN, keys[leading]) is not None:
-            leading += 1
+        found = []
+        while len(found) < limit:
+            blocks = self._lookup(ATTN, keys[len(found)])
+            if blocks is None:
+                break
+            found.append(blocks)
+        leading = len(found)
         hit = 0
         for j in range(leading - 1, -1, -1):
             if self._lookup(STATE, keys[j]) is not None:
@@ -189,8 +200,8 @@ class HybridPool:
                 key = prefix_key(request, point, self.chunk_size)
                 if self._lookup(RESUME_STATE, key) is not None and (
                         point % self.block_size == 0 or self._lookup(RESUME_BLOCK, key) is not None):
-                    return point, True, leading
-        return hit, False, leading
+                    return point, True, found
+        return hit, False, found
 
     def blocks_needed(self, request: CacheRequest, hit: int) -> int:
         """Pool blocks the request takes from the free list at its peak, beyond a hit of `hit` tokens (which
@@ -212,9 +223,9 @@ class HybridPool:
         """Run the request's prefill and decode allocations; its hit in tokens, or None when the free blocks
         (after the hit's own) are too few now."""
         g, size, session = self.geometry, self.block_size, request.session
-        hit, is_resume, leading = self.find_hit(request, keys, previous)
-        num_hit_blocks = hit // size
-        hit_attn = [self._lookup(ATTN, keys[j]) for j in range(num_hit_blocks)]
+        hit, is_resume, found = self.find_hit(request, keys, previous)
+        leading, num_hit_blocks = len(found), hit // size
+        hit_attn = found[:num_hit_blocks]
         if is_resume:
             key = prefix_key(request, hit, self.chunk_size)
             state = self._lookup(RESUME_STATE, key)
@@ -306,7 +317,7 @@ class HybridPool:
         processed = request.num_processed_tokens
         if self.resume is not None and not self.resume.at_prompt_tail and request.session is not None:
             covered = len(request.chunk_ids) * self.chunk_size >= processed
-            key = prefix_key(request, processed, self.chunk_size) if covered else (-1 - index, processed)
+            key = prefix_key(request, processed, self.chunk_size) if covered else own_key(index, processed)
             for i, bid in enumerate(run.state):
                 self._hash(bid, (RESUME_STATE, i, key), processed)
             if processed % self.block_size:
@@ -317,7 +328,13 @@ class HybridPool:
             self._free([bid])
         for blocks in run.attn:
             self._free(blocks[::-1])
-        self.free.note_finish(request.session, now_s)
+        self.free.note_finish(request.session, now_s, index)
+
+
+def own_key(index: int, position: int) -> tuple[int, int]:
+    """The name of content only request `index` holds (past its chunk ids) at `position` (a block index, or
+    the token count of its turn end): negative first, so no chunk id or other request's name equals it."""
+    return (-1 - index, position)
 
 
 def request_keys(request: CacheRequest, index: int, block_size: int, chunk_size: int) -> list:
@@ -325,15 +342,21 @@ def request_keys(request: CacheRequest, index: int, block_size: int, chunk_size:
     covered = min(request.num_processed_tokens, len(request.chunk_ids) * chunk_size)
     keys: list = block_keys(request, covered, block_size, chunk_size)
     for j in range(len(keys), request.num_processed_tokens // block_size):
-        keys.append((-1 - index, j))
+        keys.append(own_key(index, j))
     return keys
 
 
+def stream_keys(stream: CacheStream, block_size: int) -> list[list]:
+    """`request_keys` of every request of `stream` (what every replay of it at `block_size` names)."""
+    return [request_keys(r, i, block_size, stream.chunk_size) for i, r in enumerate(stream.requests)]
+
+
 def replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_list, *,
-           resume: Resume | None) -> CacheStats:
+           resume: Resume | None, keys: list[list] | None = None) -> CacheStats:
     """Replay `stream` through a pool of `num_blocks` blocks: admissions at arrival, frees at finish, in time
     order. A request that finds too few free blocks waits for finishes (later turns of its session shift by
-    the wait); one that cannot fit in the empty pool is a CapacityError naming it."""
+    the wait); one that cannot fit in the empty pool is a CapacityError naming it. `keys`: the stream's
+    `stream_keys` at the geometry's block size, when several replays share them."""
     pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=stream.chunk_size)
     if hasattr(free_list, "bind"):
         free_list.bind(pool)
@@ -343,16 +366,18 @@ def replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_l
     events: list[tuple[float, int, int]] = [(r.arrival_s, 1, i) for i, r in enumerate(requests)]
     heapq.heapify(events)
     waiting: list[int] = []
-    keys_of: dict[int, list] = {}
+    if keys is None:
+        keys = stream_keys(stream, geometry.block_size)
+    elif len(keys) != len(requests):
+        raise ValueError(f"keys: {len(keys)} lists for {len(requests)} requests")
     num_waits, wait_s = 0, 0.0
     arrived: dict[int, float] = {}
     peak = [0]
 
     def try_admit(i: int, now: float) -> bool:
         r = requests[i]
-        keys = keys_of.setdefault(i, request_keys(r, i, geometry.block_size, stream.chunk_size))
         previous = requests[r.continues] if r.continues is not None else None
-        hit = pool.admit(i, r, keys, previous, now)
+        hit = pool.admit(i, r, keys[i], previous, now)
         if hit is None:
             return False
         hits[i] = hit
@@ -365,7 +390,6 @@ def replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_l
         r = requests[i]
         if kind == 0:
             pool.finish(i, r, now)
-            keys_of.pop(i, None)
             while waiting and try_admit(waiting[0], now):
                 j = waiting.pop(0)
                 late = now - arrived[j]

@@ -14,16 +14,21 @@ from bisect import bisect_right
 
 from opts.cache_retention.free_list import RankedFreeList
 from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.pool import ATTN, STATE, CacheStats, Resume, replay, request_keys
+from opts.cache_retention.pool import ATTN, STATE, CacheStats, Resume, replay, stream_keys
 from opts.cache_retention.stream import CacheStream, prefix_key
 
+INF = float("inf")
 
-def run_unbounded(stream: CacheStream, geometry: CacheGeometry) -> CacheStats:
-    """Hits of a cache with no capacity limit; `info["working_set_blocks"]` is what it holds at the end."""
+
+def run_unbounded(stream: CacheStream, geometry: CacheGeometry, keys_of: list[list] | None = None) -> CacheStats:
+    """Hits of a cache with no capacity limit; `info["working_set_blocks"]` is what it holds at the end.
+    `keys_of`: the stream's `pool.stream_keys` at the geometry's block size, when computed already."""
     size, seen = geometry.block_size, set()
     hits, states = [], set()
+    if keys_of is None:
+        keys_of = stream_keys(stream, size)
     for i, r in enumerate(stream.requests):
-        keys = request_keys(r, i, size, stream.chunk_size)
+        keys = keys_of[i]
         limit = (r.num_prompt_tokens - 1) // size
         leading = 0
         while leading < limit and keys[leading] in seen:
@@ -64,24 +69,36 @@ class BeladyFreeList(RankedFreeList):
         self._depth = pool.depth
         self._cached = pool.cached
 
-    def _next_use(self, block_id: int) -> float:
+    def _next_use(self, block_id: int) -> tuple[float, bool]:
+        """(the block's next use after the current position, whether it is a second copy of its content)."""
         key = self._key_of.get(block_id)
-        if key is None or self._cached[key][0] != block_id:
-            return float("inf")
+        if key is None:
+            return INF, False
+        if self._cached[key][0] != block_id:
+            return INF, True
         uses = self._uses.get((ATTN if key[0] == ATTN else STATE, key[2]))
         if not uses:
-            return float("inf")
+            return INF, False
         k = bisect_right(uses, self.position)
-        return uses[k] if k < len(uses) else float("inf")
+        return (uses[k] if k < len(uses) else INF), False
 
     def append(self, block_id: int) -> None:
         self._seq += 1
         self._push(block_id, self._seq)
 
     def _push(self, block_id: int, seq: int) -> None:
-        nxt = self._next_use(block_id)
-        self._entry[block_id] = (nxt, seq)
+        nxt, second = self._next_use(block_id)
+        # With the next use: the position it was computed at and whether the block was a second copy, so
+        # that `pop` recomputes it only when it can have changed.
+        self._entry[block_id] = (nxt, seq, self.position, second)
         heapq.heappush(self._heap, (-nxt, -self._depth.get(block_id, 0), seq, block_id))
+
+    def _may_have_changed(self, entry: tuple[float, int, int, bool]) -> bool:
+        """Whether a free block's next use can differ from the one in its `entry`: its name stays while it is
+        free, so only a move of the position past that use or back before it was computed, or the first copy
+        of its content going (a second copy becomes the one hits read), can change it."""
+        nxt, _, position, second = entry
+        return second or nxt <= self.position or self.position < position
 
     def remove(self, block_id: int) -> None:
         if block_id in self._plain:
@@ -95,9 +112,10 @@ class BeladyFreeList(RankedFreeList):
             return block_id
         while True:
             neg, _, seq, block_id = heapq.heappop(self._heap)
-            if self._entry.get(block_id) != (-neg, seq):
+            entry = self._entry.get(block_id)
+            if entry is None or entry[0] != -neg or entry[1] != seq:
                 continue
-            if self._next_use(block_id) != -neg:
+            if self._may_have_changed(entry) and self._next_use(block_id)[0] != -neg:
                 self._push(block_id, seq)
                 continue
             del self._entry[block_id]
@@ -109,26 +127,33 @@ class BeladyFreeList(RankedFreeList):
     def note_admit(self, session: str | None, now_s: float, index: int, parent: str | None = None) -> None:
         self.position = index
 
-    def note_finish(self, session: str | None, now_s: float) -> None:
+    def note_finish(self, session: str | None, now_s: float, index: int) -> None:
         pass
 
 
-def block_uses(stream: CacheStream, geometry: CacheGeometry) -> dict:
+def block_uses(stream: CacheStream, geometry: CacheGeometry, keys_of: list[list] | None = None,
+               unbounded: CacheStats | None = None) -> dict:
     """Block name -> sorted indices of the requests that read it from an unbounded cache: the blocks before
-    their hit point, and the state (or turn end) at it."""
+    their hit point, and the state (or turn end) at it. `keys_of` and `unbounded` (`run_unbounded`'s
+    result): when computed already."""
     size, uses = geometry.block_size, {}
-    hits = run_unbounded(stream, geometry).hits
+    if keys_of is None:
+        keys_of = stream_keys(stream, size)
+    hits = (unbounded or run_unbounded(stream, geometry, keys_of)).hits
     for i, (r, hit) in enumerate(zip(stream.requests, hits, strict=True)):
         if not hit:
             continue
-        keys = request_keys(r, i, size, stream.chunk_size)
-        for key in keys[:hit // size]:
+        for key in keys_of[i][:hit // size]:
             uses.setdefault((ATTN, key), []).append(i)
         uses.setdefault((STATE, prefix_key(r, hit, stream.chunk_size)), []).append(i)
     return uses
 
 
-def run_belady(stream: CacheStream, geometry: CacheGeometry, num_blocks: int) -> CacheStats:
-    """Hits of on's mechanics (resume) reusing the furthest-next-use cached block first."""
-    free_list = BeladyFreeList(block_uses(stream, geometry))
-    return replay(stream, geometry, num_blocks, free_list, resume=Resume())
+def run_belady(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, *, keys_of: list[list] | None = None,
+               uses: dict | None = None) -> CacheStats:
+    """Hits of on's mechanics (resume) reusing the furthest-next-use cached block first. `keys_of` and
+    `uses` (`block_uses`): when several capacities share them."""
+    if keys_of is None:
+        keys_of = stream_keys(stream, geometry.block_size)
+    free_list = BeladyFreeList(uses if uses is not None else block_uses(stream, geometry, keys_of))
+    return replay(stream, geometry, num_blocks, free_list, resume=Resume(), keys=keys_of)

@@ -26,10 +26,12 @@ def free_list_for(config: CacheRetentionConfig):
     return SessionFreeList(config.idle_s) if config.is_evict else LruFreeList()
 
 
-def run(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, config: CacheRetentionConfig) -> CacheStats:
-    """Hit statistics of `config`'s policy on `stream` with a pool of `num_blocks` blocks."""
+def run(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, config: CacheRetentionConfig, *,
+        keys: list[list] | None = None) -> CacheStats:
+    """Hit statistics of `config`'s policy on `stream` with a pool of `num_blocks` blocks (`keys`: the
+    stream's `pool.stream_keys`, when several runs share them)."""
     if config.mode != "off" and not stream.has_sessions:
-        stats = replay(stream, geometry, num_blocks, LruFreeList(), resume=None)
+        stats = replay(stream, geometry, num_blocks, LruFreeList(), resume=None, keys=keys)
         stats.info["fallback"] = "no session ids in the stream: session-aware retention runs as off"
         return stats
-    return replay(stream, geometry, num_blocks, free_list_for(config), resume=resume_for(config))
+    return replay(stream, geometry, num_blocks, free_list_for(config), resume=resume_for(config), keys=keys)

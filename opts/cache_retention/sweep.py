@@ -1,8 +1,9 @@
 """A capacity sweep: every retention policy and Belady at capacities given as fractions of a scenario's working
 set, plus the unbounded cache, the cells run in parallel over the machine's cores.
 
-A scenario is a stream builder and a geometry. The built-in ones read their traces through `ablations.workload`
-(a workload, not a backend), imported only when a stream is built.
+A scenario is a stream builder and a geometry. This package builds no stream from a trace: the layer above
+hands it its scenarios through the entry-point group SCENARIO_GROUP (k3-ablate's workload registers the
+built-in ones, `ablations.workload.cache_stream.cache_scenarios`), so `opts` never imports `ablations`.
 """
 
 from __future__ import annotations
@@ -13,55 +14,35 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import partial
+from importlib.metadata import entry_points
 from typing import Any
 
 from opts.cache_retention.config import CacheRetentionConfig
-from opts.cache_retention.geometry import K3_TP8, TINY, CacheGeometry
-from opts.cache_retention.pool import CacheStats, CapacityError
-from opts.cache_retention.reference import run_belady, run_unbounded
+from opts.cache_retention.geometry import CacheGeometry
+from opts.cache_retention.pool import CacheStats, CapacityError, stream_keys
+from opts.cache_retention.reference import block_uses, run_belady, run_unbounded
 from opts.cache_retention.retention import run
 from opts.cache_retention.stream import CacheStream
 
 POLICIES = ("off", "evict", "resume", "on", "belady")
 FRACTIONS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
-TRACES = "pkg://ablations.workload/traces"
 # Relative seconds of one cell (agentx), to start the longest first.
 _COST = {"belady": 8.0, "on": 5.5, "evict": 5.5, "resume": 3.5, "off": 3.5}
+SCENARIO_GROUP = "k3_ablate.cache_scenarios"
 _STATS = ("hit_rate", "prefill_tokens_saved", "prompt_tokens", "num_evictions", "num_resumes", "checkpoint_bytes",
           "num_waits", "wait_s")
 
 
-def preset_stream(preset: str, seed: int = 0) -> CacheStream:
-    """The cache stream of a workload preset generated with `seed`."""
-    from ablations.workload import generate
-    from ablations.workload import preset as preset_config
-    from ablations.workload.cache_stream import cache_stream
-
-    return cache_stream(generate(preset_config(preset), seed=seed))
-
-
-def file_stream(path: str, num_requests: int | None = None) -> CacheStream:
-    """The cache stream of a trace file (`pkg://` paths resolve in the package), cut to its first
-    `num_requests` requests when given."""
-    from ablations.workload import Trace, read_trace
-    from ablations.workload.cache_stream import cache_stream
-
-    trace = read_trace(path)
-    if num_requests is not None:
-        if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
-            raise ValueError(f"num_requests: invalid value {num_requests!r}; valid: an integer >= 1 or None")
-        trace = Trace(trace.requests[:num_requests], trace.block_size, trace.source)
-    return cache_stream(trace)
-
-
 @dataclass(frozen=True)
 class Scenario:
-    """A named stream (`build()` makes it; picklable when cells run in worker processes) at a cache geometry."""
+    """A named stream (`build()` makes it; picklable when cells run in worker processes) at a cache geometry;
+    `quick` and `full`: whether the quick and the full bench run it."""
 
     name: str
     build: Callable[[], CacheStream]
     geometry: CacheGeometry
+    quick: bool = False
+    full: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -72,22 +53,31 @@ class Scenario:
             raise ValueError(f"Scenario {self.name!r}: geometry: {self.geometry!r} is not a CacheGeometry")
 
 
-SCENARIOS: dict[str, Scenario] = {
-    "agentx": Scenario("agentx", partial(preset_stream, "agentx"), K3_TP8),
-    "agentx_small": Scenario("agentx_small", partial(preset_stream, "agentx_small"), TINY),
-    "mooncake_conversation": Scenario("mooncake_conversation",
-                                      partial(file_stream, f"{TRACES}/conversation_trace.jsonl.gz"), K3_TP8),
-    "mooncake_synthetic": Scenario("mooncake_synthetic",
-                                   partial(file_stream, f"{TRACES}/synthetic_trace.jsonl.gz"), K3_TP8),
-}
+def scenarios() -> dict[str, Scenario]:
+    """The scenarios the installed packages provide: each entry point of SCENARIO_GROUP loads a function that
+    returns them by name; a name given twice is a ValueError naming both providers."""
+    found: dict[str, Scenario] = {}
+    owner: dict[str, str] = {}
+    for point in sorted(entry_points(group=SCENARIO_GROUP), key=lambda p: p.value):
+        for name, item in point.load()().items():
+            if not isinstance(item, Scenario) or item.name != name:
+                raise ValueError(f"{SCENARIO_GROUP} entry point {point.value}: {name!r} is not a Scenario of that "
+                                 f"name: {item!r}")
+            if name in found:
+                raise ValueError(f"{SCENARIO_GROUP}: scenario {name!r} provided by both {owner[name]} and "
+                                 f"{point.value}")
+            found[name], owner[name] = item, point.value
+    return found
 
 
 def scenario(name: str) -> Scenario:
-    """The built-in scenario called `name`; an unknown name lists the valid ones."""
+    """The installed scenario called `name`; an unknown name lists the valid ones."""
+    known = scenarios()
     try:
-        return SCENARIOS[name]
+        return known[name]
     except KeyError:
-        raise ValueError(f"scenario: unknown name {name!r}; valid choices: {', '.join(SCENARIOS)}") from None
+        raise ValueError(f"scenario: unknown name {name!r}; valid choices: {', '.join(known) or 'none installed'}"
+                         ) from None
 
 
 def check_fractions(fractions: Iterable[float]) -> tuple[float, ...]:
@@ -114,11 +104,26 @@ def num_blocks_at(working_set_blocks: int, fraction: float) -> int:
     return max(1, int(working_set_blocks * fraction))
 
 
-def run_policy(stream: CacheStream, geometry: CacheGeometry, policy: str, num_blocks: int) -> CacheStats:
-    """One policy (a CacheRetentionConfig mode, or "belady") at one capacity."""
+@dataclass(frozen=True)
+class Prepared:
+    """What every cell of a sweep shares, computed once: the stream's block names at the geometry's block size
+    (`pool.stream_keys`) and, when Belady runs, its next uses (`reference.block_uses`)."""
+
+    stream: CacheStream
+    geometry: CacheGeometry
+    keys_of: list[list]
+    uses: dict | None
+
+
+def run_policy(stream: CacheStream, geometry: CacheGeometry, policy: str, num_blocks: int, *,
+               prepared: Prepared | None = None) -> CacheStats:
+    """One policy (a CacheRetentionConfig mode, or "belady") at one capacity; `prepared`: the same stream and
+    geometry's shared work, when a sweep computed it."""
+    keys_of = prepared.keys_of if prepared is not None else None
     if policy == "belady":
-        return run_belady(stream, geometry, num_blocks)
-    return run(stream, geometry, num_blocks, CacheRetentionConfig(mode=policy))
+        return run_belady(stream, geometry, num_blocks, keys_of=keys_of,
+                          uses=prepared.uses if prepared is not None else None)
+    return run(stream, geometry, num_blocks, CacheRetentionConfig(mode=policy), keys=keys_of)
 
 
 def _row(policy: str, fraction: float | None, num_blocks: int, geometry: CacheGeometry, stats: CacheStats | None,
@@ -134,26 +139,27 @@ def _row(policy: str, fraction: float | None, num_blocks: int, geometry: CacheGe
     return row
 
 
-def _cell(stream: CacheStream, geometry: CacheGeometry, policy: str, fraction: float, num_blocks: int) -> dict:
+def _cell(prepared: Prepared, policy: str, fraction: float, num_blocks: int) -> dict:
     start = time.perf_counter()
     try:
-        stats, reason = run_policy(stream, geometry, policy, num_blocks), None
+        stats = run_policy(prepared.stream, prepared.geometry, policy, num_blocks, prepared=prepared)
+        reason = None
     except CapacityError as err:
         stats, reason = None, str(err)
-    return _row(policy, fraction, num_blocks, geometry, stats, reason, time.perf_counter() - start)
+    return _row(policy, fraction, num_blocks, prepared.geometry, stats, reason, time.perf_counter() - start)
 
 
-_WORK: tuple[CacheStream, CacheGeometry] | None = None
+_WORK: Prepared | None = None
 
 
-def _init_worker(stream: CacheStream, geometry: CacheGeometry) -> None:
+def _init_worker(prepared: Prepared) -> None:
     global _WORK
-    _WORK = (stream, geometry)
+    _WORK = prepared
 
 
 def _worker_cell_args(cell: tuple[str, float, int]) -> dict:
     assert _WORK is not None
-    return _cell(*_WORK, *cell)
+    return _cell(_WORK, *cell)
 
 
 def available_cores() -> int:
@@ -165,13 +171,12 @@ def _context():
     return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
 
 
-def _run_cells(stream: CacheStream, geometry: CacheGeometry, cells: list[tuple[str, float, int]],
-               workers: int) -> Iterator[dict]:
+def _run_cells(prepared: Prepared, cells: list[tuple[str, float, int]], workers: int) -> Iterator[dict]:
     if workers <= 1:
         for cell in cells:
-            yield _cell(stream, geometry, *cell)
+            yield _cell(prepared, *cell)
         return
-    pool = _context().Pool(workers, initializer=_init_worker, initargs=(stream, geometry))
+    pool = _context().Pool(workers, initializer=_init_worker, initargs=(prepared,))
     try:
         yield from pool.imap_unordered(_worker_cell_args, cells)
         pool.close()
@@ -271,14 +276,17 @@ def sweep(scenario: Scenario, fractions: Iterable[float] = FRACTIONS, policies: 
     start = time.perf_counter()
     stream, geometry = scenario.build(), scenario.geometry
     unbounded_start = time.perf_counter()
-    unbounded = run_unbounded(stream, geometry)
+    keys_of = stream_keys(stream, geometry.block_size)
+    unbounded = run_unbounded(stream, geometry, keys_of)
     unbounded_s = time.perf_counter() - unbounded_start
+    uses = block_uses(stream, geometry, keys_of, unbounded) if "belady" in policies else None
+    prepared = Prepared(stream, geometry, keys_of, uses)
     working = unbounded.info["working_set_blocks"]
     cells = sorted(((p, f, num_blocks_at(working, f)) for f in fractions for p in policies),
                    key=lambda cell: (-_COST[cell[0]], cell[1]))
     workers = min(workers or available_cores(), len(cells))
     done: dict[tuple[str, float], dict] = {}
-    for row in _run_cells(stream, geometry, cells, workers):
+    for row in _run_cells(prepared, cells, workers):
         done[row["policy"], row["fraction"]] = row
         if progress:
             result = f"hit {row['hit_rate']:.4f}" if row["feasible"] else "infeasible"

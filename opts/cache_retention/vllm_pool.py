@@ -31,7 +31,7 @@ class SessionFreeQueue:
         self.blocks = {b.block_id: b for b in blocks}
         self.policy.prepend([b.block_id for b in blocks])
         self.session: str | None = None
-        self.admitted: set[str] = set()
+        self.admitted: dict[str, int] = {}
         self.num_arrived = 0
         self.now_s = 0.0
         self._start = time.monotonic()
@@ -144,7 +144,7 @@ def add_request(base: Callable) -> Callable:
         result = base(self, request)
         queue = _queue(self.kv_cache_manager.block_pool)
         if queue is not None and request.request_id not in queue.admitted:
-            queue.admitted.add(request.request_id)
+            queue.admitted[request.request_id] = queue.num_arrived
             parent = extra_args(request).get(PARENT_KEY)
             queue.policy.note_admit(session_of(request), queue.clock(request), queue.num_arrived,
                                     None if parent is None else str(parent))
@@ -177,7 +177,7 @@ def free_request_blocks(base: Callable) -> Callable:
         base(self, request)
         queue = _queue(self.kv_cache_manager.block_pool)
         if queue is not None and request.request_id in queue.admitted:
-            queue.admitted.discard(request.request_id)
-            queue.policy.note_finish(session_of(request), queue.clock(request))
+            index = queue.admitted.pop(request.request_id)
+            queue.policy.note_finish(session_of(request), queue.clock(request), index)
 
     return wrapped

@@ -50,8 +50,10 @@ with open_llm(cfg) as llm:
     result = replay(llm, trace(), cfg.model.vocab_size)
     pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
     queue = type(pool.free_block_queue).__name__
+    unit = llm.llm_engine.vllm_config.cache_config.prefix_match_unit
 print("RESULT=" + json.dumps({"cached": result.num_cached_tokens, "outputs": result.outputs, "queue": queue,
-                              "hits": result.prefix_cache_hits, "queries": result.prefix_cache_queries}))
+                              "hits": result.prefix_cache_hits, "queries": result.prefix_cache_queries,
+                              "prefix_match_unit": unit}))
 """
 
 
@@ -122,6 +124,9 @@ def test_on_raises_vllm_hit_rate_with_identical_outputs_and_the_model_predicts_i
     print(f"vLLM hit rate: off {off['hits'] / off['queries']:.4f}, on {rate:.4f}; model on {predicted.hit_rate:.4f} "
           f"({sum(a != b for a, b in zip(on['cached'], predicted.hits, strict=True))} requests differ)")
     assert on["queue"] == "SessionFreeQueue"
+    assert on["prefix_match_unit"] == ON["resume_unit"], "the resume setting did not reach the engine"
+    assert replays["evict"]["prefix_match_unit"] == off["prefix_match_unit"] != ON["resume_unit"]
     assert on["hits"] > off["hits"] * 1.03
+    assert on["hits"] > replays["evict"]["hits"], "resume added no hits to evict's"
     assert on["outputs"] == off["outputs"]
     assert abs(predicted.hit_rate - rate) <= ON_TOLERANCE

@@ -131,7 +131,17 @@ def contract_problems(package: str, optimization: Optimization | None = None) ->
         for name in sorted(imported_modules(path)):
             if any(name == o or name.startswith(f"{o}.") for o in others):
                 problems.append(f"{path.relative_to(root)}: imports {name}, another optimization package")
-    return problems
+    return problems + upward_imports(root)
+
+
+def upward_imports(root: Path) -> list[str]:
+    """Imports of `ablations` (the layer above) anywhere under `root`, function-level ones included."""
+    return [f"{path.relative_to(root)}: imports {name}, the layer above" for path in sorted(root.rglob("*.py"))
+            for name in sorted(imported_modules(path)) if name == "ablations" or name.startswith("ablations.")]
+
+
+def test_opts_never_imports_ablations() -> None:
+    assert upward_imports(OPTS_DIR) == []
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZATIONS))
@@ -172,6 +182,8 @@ BROKEN = {
     "no_config": ({"config.py": None}, "config.py: missing"),
     "imports_fusion": ({"naive.py": "from opts.fusion import stages\n"}, "imports opts.fusion"),
     "imports_from_opts": ({"reference.py": "from opts import kda_overlap\n"}, "imports opts.kda_overlap"),
+    "imports_ablations": ({"naive.py": "def f():\n    from ablations.workload import generate\n"},
+                          "naive.py: imports ablations.workload, the layer above"),
     "no_vllm": ({"vllm.py": None}, "vllm.py: missing"),
     "vllm_imports_ablations": ({"vllm.py": GOOD_VLLM + "from ablations.backends.vllm import patches\n"},
                                "vllm.py: imports ablations.backends.vllm"),

@@ -33,7 +33,7 @@ def test_order_fewest_live_holders_then_least_recently_freed():
             free_list.note_use(block_id, session)
     for index, session in enumerate(("A", "B", "C")):
         free_list.note_admit(session, 0.0, index)
-    free_list.note_finish("C", 0.0)
+    free_list.note_finish("C", 0.0, 2)
     for block_id in (5, 6, 7, 8):
         free_list.append(block_id)
     assert free_list.order() == [1, 2, 3, 4, 5, 6, 7, 8]
@@ -101,3 +101,16 @@ def test_belady_reuses_the_furthest_next_use_first_not_counting_the_request_bein
     for block in (2, 1, 3):
         free.append(block)
     assert [free.pop(), free.pop(), free.pop()] == [3, 1, 2], "c: never again; a: at 9; b: at 7"
+
+
+@pytest.mark.parametrize("resume", [None, Resume()])
+def test_evict_forgets_each_request_when_it_finishes(stream, resume):
+    free_list = SessionFreeList(idle_s=30.0)
+    replay(stream, TINY, 400, free_list, resume=resume)
+    assert free_list.num_open_requests == 0
+    free_list.note_admit("a", 0.0, 7)
+    free_list.note_admit("a", 0.0, 7)
+    assert free_list.num_open_requests == 1
+    free_list.note_finish("a", 1.0, 7)
+    free_list.note_finish("a", 1.0, 7)
+    assert free_list.num_open_requests == 0

@@ -103,8 +103,8 @@ def test_a_live_sessions_blocks_outlast_an_idle_sessions():
         queue.note_use([block])
     queue.policy.note_admit("a", 0.0, 0)
     queue.policy.note_admit("b", 0.0, 1)
-    queue.policy.note_finish("a", 0.0)
-    queue.policy.note_finish("b", 0.5)
+    queue.policy.note_finish("a", 0.0, 0)
+    queue.policy.note_finish("b", 0.5, 1)
     queue.append_n(taken[2:] + taken[:2])
     queue.policy.note_admit("c", 1.2, 2)
     assert [b.block_id for b in queue.popleft_n(2)] == [4, 5]
