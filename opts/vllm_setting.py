@@ -20,12 +20,24 @@ KDA_FORWARD = f"{K3_VLLM}.kda:KimiK3DeltaAttention._forward"
 @dataclass(frozen=True)
 class Patch:
     """Set `target` ("module:attr" or "module:Class.attr") to `wrap(current value)`; `why` names the reason
-    (a CPU fix's S-number, or the toggle). With `counter`, calls of the replacement are counted under it."""
+    (a CPU fix's S-number, or the toggle). With `counter`, calls of the replacement are counted under it.
+    `idle_with`: (condition, why) pairs, a condition being an engine argument ("speculative_config": the engine
+    is given it) or its absence ("!tensor_parallel_size"): such an engine never runs this route, so its counter
+    stays 0 by design (a cell checks that every other counted route fired)."""
 
     target: str
     wrap: Callable[[Any], Any] = field(compare=False)
     why: str
     counter: str | None = None
+    idle_with: tuple[tuple[str, str], ...] = ()
+
+    def idle_in(self, engine_args: dict[str, Any]) -> str | None:
+        """Why an engine with `engine_args` never runs this route, or None."""
+        for condition, why in self.idle_with:
+            name = condition.removeprefix("!")
+            if (name in engine_args) != condition.startswith("!"):
+                return why
+        return None
 
     def __post_init__(self) -> None:
         module, sep, path = self.target.partition(":")

@@ -39,6 +39,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a process it started is still alive at its end (after a grace period for shutdowns),
     naming each one; they are ended here so none outlives the run."""
+    if session.config.pluginmanager.hasplugin("dsession"):
+        return      # pytest-xdist's controller: its workers are its children until it ends them; each checks its own
     grace_s = float(session.config.getini("guard_grace"))
     left = procs.wait_gone(within_s=grace_s)
     if not left:

@@ -51,6 +51,34 @@ class SessionFreeList(RankedFreeList):
         for s in self._holders.get(block_id, ()):
             self._free_held.setdefault(s, set()).add(block_id)
 
+    def append_many(self, block_ids: list[int]) -> None:
+        """`append` for each block in order (inlined: this runs for every block a request frees)."""
+        holders_of, live, entry, heap, free_held = self._holders, self._live, self._entry, self._heap, self._free_held
+        seq = self._seq
+        for block_id in block_ids:
+            seq += 1
+            holders = holders_of.get(block_id)
+            num_live = len(live.intersection(holders)) if holders else 0
+            entry[block_id] = (num_live, seq)
+            heapq.heappush(heap, (num_live, seq, block_id))
+            if holders:
+                for s in holders:
+                    held = free_held.get(s)
+                    if held is None:
+                        free_held[s] = held = set()
+                    held.add(block_id)
+        self._seq = seq
+
+    def note_uses(self, block_ids: list[int], session: str | None) -> None:
+        """`note_use` for each block."""
+        holders_of = self._holders
+        for block_id in block_ids:
+            holders = holders_of.get(block_id)
+            if holders is None:
+                holders_of[block_id] = holders = set()
+            if session is not None:
+                holders.add(session)
+
     def _push(self, block_id: int, seq: int) -> None:
         live = self.num_live_holders(block_id)
         self._entry[block_id] = (live, seq)

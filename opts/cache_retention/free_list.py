@@ -28,6 +28,12 @@ class LruFreeList:
         """A cached block freed: reused last."""
         self._queue[block_id] = None
 
+    def append_many(self, block_ids: list[int]) -> None:
+        """Cached blocks freed, in this order: reused last."""
+        queue = self._queue
+        for block_id in block_ids:
+            queue[block_id] = None
+
     def prepend(self, block_ids: list[int]) -> None:
         """Blocks without a hash freed: reused first, in the given order."""
         for block_id in reversed(block_ids):
@@ -46,6 +52,9 @@ class LruFreeList:
 
     def note_use(self, block_id: int, session: str | None) -> None:
         """A request of `session` holds `block_id` (LRU ignores it)."""
+
+    def note_uses(self, block_ids: list[int], session: str | None) -> None:
+        """A request of `session` holds `block_ids` (LRU ignores it)."""
 
     def note_admit(self, session: str | None, now_s: float, index: int, parent: str | None = None) -> None:
         """Request `index` of `session` starts at `now_s` (LRU ignores it)."""
@@ -73,6 +82,16 @@ class RankedFreeList:
         for block_id in reversed(block_ids):
             self._plain[block_id] = None
             self._plain.move_to_end(block_id, last=False)
+
+    def append_many(self, block_ids: list[int]) -> None:
+        """Cached blocks freed, in this order."""
+        for block_id in block_ids:
+            self.append(block_id)
+
+    def note_uses(self, block_ids: list[int], session: str | None) -> None:
+        """A request of `session` holds `block_ids`."""
+        for block_id in block_ids:
+            self.note_use(block_id, session)
 
     def _pop_plain(self) -> int | None:
         return self._plain.popitem(last=False)[0] if self._plain else None

@@ -128,11 +128,12 @@ class HybridPool:
         return found
 
     def _touch(self, block_ids: list[int], session: str | None) -> None:
+        ref, free = self.ref, self.free
         for bid in block_ids:
-            if self.ref[bid] == 0:
-                self.free.remove(bid)
-            self.ref[bid] += 1
-            self.free.note_use(bid, session)
+            if ref[bid] == 0:
+                free.remove(bid)
+            ref[bid] += 1
+        free.note_uses(block_ids, session)
 
     def _alloc(self, session: str | None) -> int:
         bid = self.free.pop()
@@ -161,14 +162,15 @@ class HybridPool:
 
     def _free(self, block_ids: list[int]) -> None:
         """vLLM's free_blocks: blocks without a hash to the front (in order), cached ones to the back."""
-        first = []
+        ref, key_of = self.ref, self.key_of
+        first, cached = [], []
         for bid in block_ids:
-            self.ref[bid] -= 1
-            if self.ref[bid] == 0:
-                if bid in self.key_of:
-                    self.free.append(bid)
-                else:
-                    first.append(bid)
+            left = ref[bid] - 1
+            ref[bid] = left
+            if left == 0:
+                (cached if bid in key_of else first).append(bid)
+        if cached:
+            self.free.append_many(cached)
         if first:
             self.free.prepend(first)
 
@@ -182,7 +184,14 @@ class HybridPool:
         """(cached prompt tokens, whether they come from a resume point, the leading cached attention blocks:
         one block per group for each)."""
         limit = (request.num_prompt_tokens - 1) // self.block_size
-        found = []
+        found: list[list[int]] = []
+        if self._num_groups[ATTN] == 1:     # the common case, inlined: this runs for every block of every prompt
+            cached = self.cached
+            while len(found) < limit:
+                bids = cached.get((ATTN, 0, keys[len(found)]))
+                if not bids:
+                    break
+                found.append([bids[0]])
         while len(found) < limit:
             blocks = self._lookup(ATTN, keys[len(found)])
             if blocks is None:
@@ -288,10 +297,14 @@ class HybridPool:
         run.state = new_state
 
     def _cache_full(self, run: _Running, keys: list, num_tokens: int) -> None:
-        full = num_tokens // self.block_size
+        size, key_of, depth, cached = self.block_size, self.key_of, self.depth, self.cached
+        full = num_tokens // size
         for j in range(run.num_hashed, full):
             for i, blocks in enumerate(run.attn):
-                self._hash(blocks[j], (ATTN, i, keys[j]), (j + 1) * self.block_size)
+                bid, key = blocks[j], (ATTN, i, keys[j])
+                key_of[bid] = key       # _hash, inlined: this runs for every new block
+                depth[bid] = (j + 1) * size
+                cached.setdefault(key, []).append(bid)
         run.num_hashed = max(run.num_hashed, full)
 
     def _keep_prompt_tail(self, run: _Running, request: CacheRequest, index: int) -> None:

@@ -115,6 +115,10 @@ DECODE_PASSES = {
 }
 
 
+SPECULATING = ("a speculating engine runs no plain decode step (every decode step verifies drafts), so the KDA "
+               "decode route never runs")
+
+
 def cpu_patches(mechanism: str, fused: bool) -> tuple[Patch, ...]:
     """The CPU patches that run `mechanism` fused or unfused."""
     mode = "on" if fused else "off"
@@ -127,7 +131,8 @@ def cpu_patches(mechanism: str, fused: bool) -> tuple[Patch, ...]:
         Patch(KDA_FORWARD_TARGET, lambda base: route_plain_decode(base, fused), f"fusion {mode}: a plain decode "
               f"step runs conv update, recurrence and gated norm as {runs} instead of CPU fixes S8, S4 and vLLM's "
               "eager o_norm; every other step unchanged"),
-        Patch(target, _same, f"fusion {mode}: counts the KDA decode steps the _forward patch runs", counter),
+        Patch(target, _same, f"fusion {mode}: counts the KDA decode steps the _forward patch runs", counter,
+              idle_with=(("speculative_config", SPECULATING),)),
     )
 
 

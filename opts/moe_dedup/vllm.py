@@ -52,8 +52,14 @@ def _why(mode: str) -> str:
     }[mode]
 
 
+# Every tail route: an engine without tensor parallelism (no `tensor_parallel_size` argument) never takes a tier.
+SINGLE_RANK = (("!tensor_parallel_size", "at tensor-parallel size 1 no runner takes a tail tier (_use_fused_path): "
+                                         "every mode runs the same code"),)
+
+
 def _replicated(target: str, mode: str) -> Patch:
-    return Patch(target, vllm_tail.always(vllm_tail.replicated_tail), _why(mode), REPLICATED_COUNTER)
+    return Patch(target, vllm_tail.always(vllm_tail.replicated_tail), _why(mode), REPLICATED_COUNTER,
+                 idle_with=SINGLE_RANK)
 
 
 def vllm_setting(config: ToggleConfig, platform: str) -> VllmSetting:
@@ -75,9 +81,10 @@ def vllm_setting(config: ToggleConfig, platform: str) -> VllmSetting:
             return VllmSetting(patches=(_replicated(f"{NVIDIA_RUNNER}._shard_up_proj_tail", mode),
                                         _replicated(f"{NVIDIA_RUNNER}._small_batch_tail", mode)))
         return VllmSetting(patches=(Patch(f"{NVIDIA_RUNNER}._overlap_allreduce_tail",
-                                          vllm_tail.always(vllm_tail.sharded_tail), _why(mode), SHARDED_COUNTER),))
+                                          vllm_tail.always(vllm_tail.sharded_tail), _why(mode), SHARDED_COUNTER,
+                                          idle_with=SINGLE_RANK),))
     target = f"{NVIDIA_RUNNER if platform == 'cpu' else ROCM_RUNNER}._shard_up_proj_tail"
     if mode == "off":
         return VllmSetting(patches=(_replicated(target, mode),))
     return VllmSetting(patches=(Patch(target, vllm_tail.by_tokens(config.tier_threshold, vllm_tail.replicated_tail),
-                                      _why(mode), TIERED_COUNTER),))
+                                      _why(mode), TIERED_COUNTER, idle_with=SINGLE_RANK),))

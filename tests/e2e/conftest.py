@@ -6,6 +6,7 @@ K3_SKIP_E2E=1 is set or the machine is not x86_64.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,17 +17,20 @@ from vllm_pool import close_shared_pool, require_vllm, shared_pool
 def pool(tmp_path_factory):
     require_vllm()
     yield shared_pool(tmp_path_factory)
-    close_shared_pool()
+    starts = close_shared_pool()
+    (tmp_path_factory.getbasetemp() / STARTS_FILE).write_text(json.dumps(starts))
 
 
-# Modules in an order that restarts engines least (the pool keeps one engine alive).
-MODULE_ORDER = ("generation", "prefix_cache", "toggle_aiter_mla", "spec", "toggle_kda_overlap", "toggle_fusion",
-                "toggle_draft_length", "toggle_moe_dedup", "stock_cells", "app", "in_process", "cache_retention",
-                "server", "counters")
+STARTS_FILE = "engine_starts.json"
+# Modules in an order that restarts engines least (the pool keeps the two engines used last alive).
+MODULE_ORDER = ("generation", "in_process", "server", "prefix_cache", "toggle_draft_length", "toggle_kda_overlap",
+                "spec", "counters", "app", "cache_retention", "toggle_aiter_mla", "toggle_fusion",
+                "toggle_moe_dedup", "stock_cells")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Reorder only this directory's items, in place among themselves."""
+    """Reorder only this directory's items, in place among themselves (tests/engine_groups.py says which
+    worker runs which of them under pytest-xdist)."""
     here = Path(__file__).parent
 
     def rank(item) -> int:

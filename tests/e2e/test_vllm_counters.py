@@ -1,4 +1,6 @@
-"""Every kernel the plugin replaces is actually called in the e2e runs (counts from every vLLM process)."""
+"""Every kernel the plugin replaces is actually called in the e2e runs (counts from every vLLM process the
+pool started). Each of the stock engines that together call them all generates here unless it already did in
+this run (then its counts are on disk and starting it again would add nothing)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ PROMPTS = random_prompts(16, seed=0)
 
 def test_every_replaced_kernel_was_called(pool):
     for engine in ("base", "cached", "mtp"):
-        pool.generate(engine, PROMPTS)
-    pool.generate("mtp", PROMPTS[:4], temperature=1.0)
+        if not pool.ran(engine):
+            pool.generate(engine, PROMPTS)
+    if not any(key[0] == "mtp" and key[3] > 0 for key in pool.cache):     # MTP with random sampling
+        pool.generate("mtp", PROMPTS[:4], temperature=1.0)
     pool.close()
     counts = pool.total_counts()
     print("replaced-kernel calls:", counts)

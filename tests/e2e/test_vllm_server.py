@@ -40,8 +40,7 @@ def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
 @pytest.fixture(scope="module")
 def server(pool, tmp_path_factory):
     """The `serve` command on a free port (the same engine as the offline `base`, plus prefix caching)."""
-    pool.generate("base", PROMPTS)  # the offline reference, computed before the server takes the CPU
-    pool.close()
+    pool.generate("base", PROMPTS)  # the offline reference (the pool's engines stay up, idle, beside the server)
     tmp = tmp_path_factory.mktemp("server")
     log, out, port = tmp / "vllm_server.log", tmp / "serve.out", free_port()
     with out.open("w") as sink:

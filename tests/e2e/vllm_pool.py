@@ -1,13 +1,14 @@
-"""Shared engines for the vLLM e2e tests: at most one engine alive at a time, results memoized.
+"""Shared engines for the vLLM e2e tests: each engine started once per pytest process, results memoized.
 
-Engines are heavy (about 2 GB and 20-40 s to start on 2 cores), so tests ask the pool for
-*results* of a named engine; the pool starts that engine (stopping the previous one) only when
-a result is not cached yet. Tests that compare two engines thus never hold both.
+Engines are heavy (about 2 GB and 20 s to start on 2 cores), so tests ask the pool for *results* of a named
+engine; the pool starts that engine only when a result is not cached yet (stopping the one alive: MAX_ALIVE).
+An engine serves exactly one toggle vector (its EngineConfig) for the whole run.
 
 One pool serves the whole pytest process (`shared_pool`): the e2e tests and the engine benchmark
 (tests/benchmarks/test_vllm_engine.py) reuse its engines and results. It owns the counter directory
 every vLLM process it starts writes its replaced-kernel counts and patch records to: one subdirectory per
-engine name.
+engine name. Under pytest-xdist each worker has its own pool, its engines bound to the worker's own core
+(`worker_core`); tests/e2e/conftest.py sends the tests of one group of engines to one worker.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,13 +25,23 @@ import pytest
 
 from ablations.backends.vllm.config import ModelConfig
 from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts, wait_flushed
-from ablations.backends.vllm.engine import EngineConfig, build_llm, random_prompts, shutdown_llm
+from ablations.backends.vllm.engine import (
+    THREADS_BIND_ENV,
+    EngineConfig,
+    build_llm,
+    random_prompts,
+    rank_cores,
+    shutdown_llm,
+)
 from ablations.backends.vllm.plugin import check_vllm_version
 from ablations.backends.vllm.runtime import hide_media_wheels
 from ablations.backends.vllm.toggles import read_records
 from opts.registry import OPTIMIZATIONS
 
 SKIP_ENV = "K3_SKIP_E2E"
+# One engine alive at a time: a second LLM in one process takes over vLLM's Prometheus metrics, so the first
+# one's counters (read by `metric`) would stop counting.
+MAX_ALIVE = 1
 
 MODEL = ModelConfig(dtype="float32")
 MAX_TOKENS = 16
@@ -125,12 +137,35 @@ class Generation:
     counts: dict[str, int] | None = None
 
 
+ALL_CORES_ENV = "K3_TEST_ALL_CORES"     # set by tests/conftest.py in an xdist worker, which keeps one core
+
+
+def worker_core() -> str | None:
+    """Under pytest-xdist, the one core this worker keeps (tests/conftest.py), which its single-rank engines are
+    bound to; None otherwise (vLLM's own binding)."""
+    if ALL_CORES_ENV not in os.environ:
+        return None
+    return ",".join(map(str, sorted(os.sched_getaffinity(0))))
+
+
+def run_cores() -> list[int]:
+    """The cores the test run may use (an xdist worker keeps one of them for itself)."""
+    if ALL_CORES_ENV in os.environ:
+        return [int(c) for c in os.environ[ALL_CORES_ENV].split(",")]
+    return sorted(os.sched_getaffinity(0))
+
+
+def rank_binding(num_ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a multi-rank engine: the run's cores split among its ranks."""
+    return rank_cores(num_ranks, run_cores())
+
+
 @dataclass
 class EnginePool:
     counter_dir: Path
-    current: str | None = None
-    llm: Any = None
+    alive: OrderedDict[str, Any] = field(default_factory=OrderedDict)
     start_seconds: dict[str, float] = field(default_factory=dict)
+    starts: list[tuple[str, float]] = field(default_factory=list)
     cache: dict[tuple, Generation] = field(default_factory=dict)
 
     def engine_dir(self, name: str) -> Path:
@@ -138,18 +173,33 @@ class EnginePool:
         return self.counter_dir / name
 
     def engine(self, name: str) -> Any:
-        if self.current != name:
-            self.close()
-            t0 = time.perf_counter()
-            os.environ[COUNTER_DIR_ENV] = str(self.engine_dir(name))
-            try:
-                self.llm = build_llm(engine_config(name))
-            except BaseException:
-                self.current = None     # a failed or interrupted start leaves no engine for the next test
-                raise
-            self.start_seconds[name] = time.perf_counter() - t0
-            self.current = name
-        return self.llm
+        """Engine `name`, started if it is not alive (the engine used longest ago stopped first)."""
+        if name in self.alive:
+            self.alive.move_to_end(name)
+            return self.alive[name]
+        while len(self.alive) >= MAX_ALIVE:
+            self.close(next(iter(self.alive)))
+        cfg = engine_config(name)
+        t0 = time.perf_counter()
+        os.environ[COUNTER_DIR_ENV] = str(self.engine_dir(name))
+        bind = os.environ.get(THREADS_BIND_ENV)
+        if cfg.tensor_parallel_size > 1:
+            os.environ[THREADS_BIND_ENV] = rank_binding(cfg.tensor_parallel_size)
+        try:
+            llm = build_llm(cfg)    # a failed or interrupted start leaves no engine behind for the next test
+        finally:
+            if bind is None:
+                os.environ.pop(THREADS_BIND_ENV, None)
+            else:
+                os.environ[THREADS_BIND_ENV] = bind
+        self.start_seconds[name] = time.perf_counter() - t0
+        self.starts.append((name, self.start_seconds[name]))
+        self.alive[name] = llm
+        return llm
+
+    def ran(self, name: str) -> bool:
+        """Whether engine `name` generated anything in this pool."""
+        return any(key[0] == name for key in self.cache)
 
     def generate(
         self, name: str, prompts: list[list[int]], max_tokens: int = MAX_TOKENS, temperature: float = 0.0,
@@ -177,7 +227,7 @@ class EnginePool:
                     for out in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
                 ]
             except BaseException:
-                self.close()    # an engine interrupted mid-step (a time limit, a dead worker) serves no other test
+                self.close(name)    # an engine interrupted mid-step (a time limit, a dead worker) serves no other test
                 raise
             seconds = time.perf_counter() - t0
             counts = None
@@ -217,17 +267,19 @@ class EnginePool:
         return total
 
     def adopt(self, name: str, llm: Any, start_seconds: float) -> None:
-        """Make `llm`, an engine for ENGINES[name] started elsewhere, the pool's current engine."""
-        self.close()
-        self.llm, self.current, self.start_seconds[name] = llm, name, start_seconds
+        """Make `llm`, an engine for ENGINES[name] started elsewhere, the pool's engine `name`."""
+        self.close(name)
+        while len(self.alive) >= MAX_ALIVE:
+            self.close(next(iter(self.alive)))
+        self.alive[name], self.start_seconds[name] = llm, start_seconds
+        self.starts.append((name, start_seconds))
 
-    def close(self) -> None:
-        if self.llm is not None:
-            try:
-                shutdown_llm(self.llm)
-            finally:
-                self.llm = None
-                self.current = None
+    def close(self, name: str | None = None) -> None:
+        """Stop engine `name` (None: every engine alive)."""
+        for each in [name] if name is not None else list(self.alive):
+            llm = self.alive.pop(each, None)
+            if llm is not None:
+                shutdown_llm(llm)
 
 
 _state: dict[str, Any] = {}
@@ -237,20 +289,25 @@ def shared_pool(tmp_path_factory: pytest.TempPathFactory) -> EnginePool:
     """This process's pool; the first call makes its counter directory and points K3_ABLATE_COUNTER_DIR at it."""
     if "pool" not in _state:
         directory = tmp_path_factory.mktemp("k3_counters")
-        _state["previous"] = os.environ.get(COUNTER_DIR_ENV)
+        _state["previous"] = {name: os.environ.get(name) for name in (COUNTER_DIR_ENV, THREADS_BIND_ENV)}
         os.environ[COUNTER_DIR_ENV] = str(directory)
+        core = worker_core()
+        if core is not None and THREADS_BIND_ENV not in os.environ:
+            os.environ[THREADS_BIND_ENV] = core     # inherited by every engine and child this worker starts
         _state["pool"] = EnginePool(directory)
     return _state["pool"]
 
 
-def close_shared_pool() -> None:
-    """Stop the shared pool's engine and restore K3_ABLATE_COUNTER_DIR (idempotent)."""
+def close_shared_pool() -> list[tuple[str, float]]:
+    """Stop the shared pool's engines and restore the environment it set (idempotent); the engine starts
+    as (name, seconds), in order."""
     pool = _state.pop("pool", None)
     if pool is None:
-        return
+        return []
     pool.close()
-    previous = _state.pop("previous")
-    if previous is None:
-        os.environ.pop(COUNTER_DIR_ENV, None)
-    else:
-        os.environ[COUNTER_DIR_ENV] = previous
+    for name, value in _state.pop("previous").items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return pool.starts

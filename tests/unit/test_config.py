@@ -22,16 +22,25 @@ from ablations.config import CONF_DIR, GROUPS, check_overrides, compose_app, gro
 from ablations.workload.paths import TRACES
 from opts.registry import OPTIMIZATIONS
 
+VLLM_BACKEND = {**{f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items() if v is not None},
+                "backend.max_num_batched_tokens": 64, "backend.enable_prefix_caching": True}
 MOONCAKE = {"workload.preset": None, "workload.block_size": 512, "workload.schedule": "open"}
 # What each option of each group changes in the default composition (`python -m ablations` with no overrides).
 CHANGES = {
     "experiment": {
         "cpu_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small", "tags": ["cpu_small"]},
+        "_sweep": {},     # only hydra.* (the multirun over the cells, the attribution callback)
+        "factorial": {"ablation.design": "factorial"},
+        "one_at_a_time": {"ablation.design": "one_at_a_time"},
+        "shapley_sampled": {"ablation.design": "shapley_sampled"},
+        "repeat": {"ablation.repeats": 3},
+        "main": {"ablation.design": "one_at_a_time", "workload.name": "agentx_small", "workload.preset": "agentx_small",
+                 "workload.start": "zero", **VLLM_BACKEND, "backend.num_requests": 8,
+                 "opts.cache_retention.resume_from": "prompt_tail", "opts.cache_retention.resume_unit": 16},
     },
     "model": {"k3_tiny": {}},
     "paths": {"default": {}},
-    "backend": {"vllm": {**{f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items() if v is not None},
-                         "backend.max_num_batched_tokens": 64, "backend.enable_prefix_caching": True}},
+    "backend": {"vllm": VLLM_BACKEND},
     "opts/aiter_mla": {"off": {}, "on": {"opts.aiter_mla.mode": "on"}},
     "opts/kda_overlap": {"off": {}, "on": {"opts.kda_overlap.mode": "on"},
                          "streams": {"opts.kda_overlap.mode": "streams"}},
@@ -106,7 +115,7 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload, backend, paths, "
                    "opts/aiter_mla, opts/kda_overlap, opts/fusion, opts/cache_retention, opts/moe_dedup, "
                    "opts/draft_length; "
-                   "fields: backend, model, opts, paths, result_file, save_trace, tags, workload"),
+                   "fields: ablation, backend, model, opts, paths, result_file, save_trace, tags, workload"),
         ("opts/kda=on", "opts/kda: unknown group; groups: experiment, model, workload, backend, paths, "),
         ("opts/kda_overlap=fast", "opts/kda_overlap: unknown option 'fast'; valid options: off, on, streams"),
         ("opts.kda_overlap.chunk=8", "opts.kda_overlap: unknown field(s) chunk; valid fields: chunk_size, mode"),
@@ -119,7 +128,8 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, "
                           "mooncake_conversation, mooncake_synthetic"),
         ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
-        ("experiment=big", "experiment: unknown option 'big'; valid options: cpu_small"),
+        ("experiment=big", "experiment: unknown option 'big'; valid options: _sweep, cpu_small, factorial, main, "
+                           "one_at_a_time, repeat, shapley_sampled"),
         ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: k3_tiny"),
         ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, generator, "
                                "max_live_sessions, name, num_sessions, path, preset, schedule, seed, start, "

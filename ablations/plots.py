@@ -1,0 +1,79 @@
+"""The attribution as pictures (matplotlib, Agg: no display needed): bars per toggle with their intervals, and
+the pairwise interactions as a heatmap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    return plt
+
+
+def plot_attribution(out: dict[str, Any], bars_path: Path, heatmap_path: Path) -> list[Path]:
+    """Write the bars (Shapley value per toggle, its bootstrap interval or sampling error, add-one-in and
+    leave-one-out beside it) and, when there are interactions, their heatmap; the paths written."""
+    plt = _pyplot()
+    players = out["players"]
+    written = []
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(players) + 2), 4.2), dpi=120)
+    try:
+        series = [("shapley", "Shapley", "tab:blue"), ("add_one_in", "alone", "tab:gray"),
+                  ("leave_one_out", "last in", "tab:orange")]
+        shown = [(key, name, color) for key, name, color in series if out.get(key)]
+        width = 0.8 / max(1, len(shown))
+        for k, (key, name, color) in enumerate(shown):
+            xs = [i + (k - (len(shown) - 1) / 2) * width for i in range(len(players))]
+            ys = [out[key][p] for p in players]
+            yerr = None
+            if key == "shapley" and out.get("shapley_interval"):
+                yerr = [[ys[i] - out["shapley_interval"][p][0] for i, p in enumerate(players)],
+                        [out["shapley_interval"][p][1] - ys[i] for i, p in enumerate(players)]]
+            elif key == "shapley" and out.get("shapley_error"):
+                yerr = [out["shapley_error"][p] for p in players]
+            ax.bar(xs, ys, width=width, color=color, label=name, yerr=yerr, capsize=3)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(players)), players, rotation=20)
+        ax.set_ylabel(out["metric"])
+        ax.set_title(f"{out['metric']}: all off {_fmt(out['all_off'])} -> all on {_fmt(out['all_on'])}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(bars_path)
+        written.append(Path(bars_path))
+    finally:
+        plt.close(fig)
+    pairs = out.get("interactions") or {}
+    if pairs:
+        index = {p: i for i, p in enumerate(players)}
+        grid = [[0.0] * len(players) for _ in players]
+        for name, value in pairs.items():
+            a, b = name.split("+")
+            grid[index[a]][index[b]] = grid[index[b]][index[a]] = value
+        fig, ax = plt.subplots(figsize=(1.0 * len(players) + 2.5, 1.0 * len(players) + 1.5), dpi=120)
+        try:
+            bound = max(abs(v) for row in grid for v in row) or 1.0
+            image = ax.imshow(grid, cmap="RdBu", vmin=-bound, vmax=bound)
+            ax.set_xticks(range(len(players)), players, rotation=30)
+            ax.set_yticks(range(len(players)), players)
+            for i in range(len(players)):
+                for j in range(len(players)):
+                    if i != j:
+                        ax.text(j, i, f"{grid[i][j]:.3g}", ha="center", va="center", fontsize=8)
+            fig.colorbar(image, ax=ax, label=f"interaction ({out['metric']})")
+            ax.set_title("pairwise interactions")
+            fig.tight_layout()
+            fig.savefig(heatmap_path)
+            written.append(Path(heatmap_path))
+        finally:
+            plt.close(fig)
+    return written
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.4g}"

@@ -1,0 +1,122 @@
+"""Experiment presets: each design's multirun sweeps exactly its cells, a cell sets its players' modes, and a
+sweep interrupted half way resumes without redoing finished cells (the workload-only backend: no engine)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import procs
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ablations.attribution import factorial, one_at_a_time, permutation_cells, permutations
+from ablations.config import CONF_DIR, apply_cell, register_configs, to_app
+from ablations.experiment import label, parse_label
+from opts.registry import OPTIMIZATIONS
+
+TWO = ["aiter_mla", "fusion"]
+
+
+def composed(overrides: list[str], hydra: bool = True):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra)
+
+
+@pytest.mark.parametrize(("design", "cells"), [
+    ("factorial", factorial(OPTIMIZATIONS)),
+    ("one_at_a_time", one_at_a_time(OPTIMIZATIONS)),
+    ("shapley_sampled", permutation_cells(permutations(tuple(OPTIMIZATIONS), 6, 0))),
+])
+def test_each_design_sweeps_its_cells_over_every_wired_toggle(design, cells):
+    cfg = composed([f"experiment={design}"])
+    swept = cfg.hydra.sweeper.params["ablation.cell"].split(",")
+    assert swept == [label(c, tuple(OPTIMIZATIONS)) for c in cells]
+    assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${ablation.cell}.r${ablation.repeat}"
+    assert cfg.hydra.callbacks.attribute._target_ == "ablations.attribute.AttributeCallback"
+
+
+def test_players_and_repeats_come_from_the_config():
+    cfg = composed(["experiment=[one_at_a_time,repeat]", f"ablation.toggles=[{','.join(TWO)}]"])
+    assert cfg.hydra.sweeper.params["ablation.cell"] == "all_off,aiter_mla,fusion,aiter_mla+fusion"
+    assert cfg.hydra.sweeper.params["ablation.repeat"] == "range(0,3)"
+    vllm = composed(["experiment=factorial", "backend=vllm"])
+    # cache_retention=on resumes at a turn's end by default, which vLLM cannot; moe_dedup's tail routes are idle
+    # at tensor-parallel size 1: neither is wired there
+    players = ("aiter_mla", "kda_overlap", "fusion", "draft_length")
+    assert vllm.hydra.sweeper.params["ablation.cell"].split(",")[-1] == "+".join(players)
+    wider = composed(["experiment=factorial", "backend=vllm", "backend.tensor_parallel_size=2",
+                      "opts.cache_retention.resume_from=prompt_tail", "opts.cache_retention.resume_unit=16"])
+    assert wider.hydra.sweeper.params["ablation.cell"].split(",")[-1] == "+".join(OPTIMIZATIONS)
+
+
+def test_a_cell_sets_exactly_its_players_modes():
+    cfg = composed(["experiment=factorial", f"ablation.toggles=[{','.join(TWO)}]", "ablation.cell=fusion",
+                    "opts/kda_overlap=on", "+ablation.on.fusion=on", "+ablation.off.aiter_mla=on"], hydra=False)
+    app = to_app(apply_cell(cfg))
+    modes = {name: config.mode for name, config in app.toggles().items()}
+    assert modes == {**dict.fromkeys(OPTIMIZATIONS, "off"), "fusion": "on", "aiter_mla": "on", "kda_overlap": "on"}
+
+
+def test_a_bad_cell_names_the_players():
+    with pytest.raises(ValueError, match=r"'fusion\+nope' names nope; valid: 'all_off' or players joined by '\+' "
+                                         r"\(aiter_mla, fusion\)"):
+        parse_label("fusion+nope", tuple(TWO))
+    with pytest.raises(ValueError, match=r"ablation\.cell: 'fusion' set in a single run"):
+        OmegaConf.to_object(composed(["ablation.cell=fusion"], hydra=False))
+
+
+def multirun_args(sweep_dir: Path, design: str, toggles: list[str], workload: str = "agentx_small") -> list[str]:
+    return [sys.executable, "-m", "ablations", "-m", f"experiment={design}", f"workload={workload}",
+            f"ablation.toggles=[{','.join(toggles)}]", "ablation.metric=requests", f"hydra.sweep.dir={sweep_dir}"]
+
+
+@pytest.mark.spawns
+def test_a_one_at_a_time_multirun_writes_one_result_per_cell_and_the_attribution(tmp_path):
+    done = procs.run(multirun_args(tmp_path, "one_at_a_time", TWO), timeout_s=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")}
+    assert sorted(cells) == ["aiter_mla+fusion.r0", "aiter_mla.r0", "all_off.r0", "fusion.r0"]
+    for name, result in cells.items():
+        assert result["status"] == "ok" and result["ablation"]["cell"] == name.removesuffix(".r0")
+        assert set(result["ablation"]["on"]) == parse_label(name.removesuffix(".r0"), tuple(TWO))
+        assert {"cpu_model", "isa", "torch", "commit"} <= set(result["environment"])
+    assert len({r["setting_hash"] for r in cells.values()}) == 1
+    assert len({r["config_hash"] for r in cells.values()}) == 4
+    out = json.loads((tmp_path / "attribution.json").read_text())
+    assert {"metric", "all_on", "all_off", "shapley", "interactions"} <= set(out)
+    assert out["shapley"] == {"aiter_mla": 0.0, "fusion": 0.0}, "the workload does not depend on the toggles"
+
+
+@pytest.mark.spawns
+def test_an_interrupted_multirun_resumes_without_redoing_finished_cells(tmp_path):
+    args = multirun_args(tmp_path, "factorial", ["aiter_mla", "fusion", "kda_overlap"], workload="agentx")
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(tmp_path.glob("*/result.json"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the multirun ended before its 2nd cell"
+            time.sleep(0.02)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)     # the whole multirun, at once, as a crash would
+        proc.wait(30)
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.glob("*/result.json")}
+    assert 2 <= len(before) < 8, f"{len(before)} cells finished before the kill: nothing left to resume"
+    done = procs.run(args, timeout_s=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in tmp_path.glob("*/result.json")}
+    assert len(after) == 8
+    assert {p: after[p] for p in before} == before, "a finished cell was run again"
+    assert all(json.loads(p.read_text())["status"] == "ok" for p in after)
+    assert "finished before, skipped" in done.stdout + done.stderr
+    assert json.loads((tmp_path / "attribution.json").read_text())["missing"] == []
