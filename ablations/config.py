@@ -3,6 +3,7 @@ and composition the app and the tests share."""
 
 from __future__ import annotations
 
+import random
 import types
 import typing
 from collections.abc import Sequence
@@ -146,10 +147,13 @@ def players_of(cfg: DictConfig) -> tuple[str, ...]:
 
 
 def _cells(*, _root_: DictConfig) -> str:
-    """`${k3_cells:}`: the experiment's cells as Hydra's sweep list ("all_off,fusion,...")."""
+    """`${k3_cells:}`: the experiment's cells as Hydra's sweep list ("fusion,all_off,..."), in an order shuffled
+    with `ablation.seed`, so that a drift of the machine over the sweep (warm-up, other load) does not line up
+    with how many toggles a cell has."""
     ablation = _root_.ablation
     players = players_of(_root_)
     cells = design_cells(ablation.design, players, num_permutations=ablation.num_permutations, seed=ablation.seed)
+    random.Random(ablation.seed).shuffle(cells)
     return ",".join(label(c, players) for c in cells)
 
 

@@ -98,11 +98,13 @@ class SessionFreeList(RankedFreeList):
             self._holders.pop(block_id, None)
             return block_id
         self._expire()
+        heap, entries = self._heap, self._entry
         while True:
-            live, seq, block_id = heapq.heappop(self._heap)
-            if self._entry.get(block_id) == (live, seq):
-                self.remove(block_id)
-                self._holders.pop(block_id, None)
+            live, seq, block_id = heapq.heappop(heap)
+            if entries.get(block_id) == (live, seq):
+                del entries[block_id]
+                for s in self._holders.pop(block_id, ()):
+                    self._free_held[s].discard(block_id)
                 return block_id
 
     def order(self) -> list[int]:

@@ -62,6 +62,7 @@ class BeladyFreeList(RankedFreeList):
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self.position = -1
+        self._uses_of: dict = {}
 
     def bind(self, pool) -> None:
         """Read block names from `pool`."""
@@ -76,7 +77,9 @@ class BeladyFreeList(RankedFreeList):
             return INF, False
         if self._cached[key][0] != block_id:
             return INF, True
-        uses = self._uses.get((ATTN if key[0] == ATTN else STATE, key[2]))
+        uses = self._uses_of.get(key)
+        if uses is None:    # the name's uses, looked up once per name (a block is pushed many times)
+            uses = self._uses_of[key] = self._uses.get((ATTN if key[0] == ATTN else STATE, key[2]), ())
         if not uses:
             return INF, False
         k = bisect_right(uses, self.position)
@@ -86,19 +89,23 @@ class BeladyFreeList(RankedFreeList):
         self._seq += 1
         self._push(block_id, self._seq)
 
+    def append_many(self, block_ids: list[int]) -> None:
+        """`append` for each block in order (inlined: this runs for every block a request frees)."""
+        next_use, entry, heap, depth, position = self._next_use, self._entry, self._heap, self._depth, self.position
+        seq = self._seq
+        for block_id in block_ids:
+            seq += 1
+            nxt, second = next_use(block_id)
+            entry[block_id] = (nxt, seq, position, second)
+            heapq.heappush(heap, (-nxt, -depth.get(block_id, 0), seq, block_id))
+        self._seq = seq
+
     def _push(self, block_id: int, seq: int) -> None:
         nxt, second = self._next_use(block_id)
         # With the next use: the position it was computed at and whether the block was a second copy, so
         # that `pop` recomputes it only when it can have changed.
         self._entry[block_id] = (nxt, seq, self.position, second)
         heapq.heappush(self._heap, (-nxt, -self._depth.get(block_id, 0), seq, block_id))
-
-    def _may_have_changed(self, entry: tuple[float, int, int, bool]) -> bool:
-        """Whether a free block's next use can differ from the one in its `entry`: its name stays while it is
-        free, so only a move of the position past that use or back before it was computed, or the first copy
-        of its content going (a second copy becomes the one hits read), can change it."""
-        nxt, _, position, second = entry
-        return second or nxt <= self.position or self.position < position
 
     def remove(self, block_id: int) -> None:
         if block_id in self._plain:
@@ -110,15 +117,19 @@ class BeladyFreeList(RankedFreeList):
         block_id = self._pop_plain()
         if block_id is not None:
             return block_id
+        heap, entries, position = self._heap, self._entry, self.position
         while True:
-            neg, _, seq, block_id = heapq.heappop(self._heap)
-            entry = self._entry.get(block_id)
+            neg, _, seq, block_id = heapq.heappop(heap)
+            entry = entries.get(block_id)
             if entry is None or entry[0] != -neg or entry[1] != seq:
                 continue
-            if self._may_have_changed(entry) and self._next_use(block_id)[0] != -neg:
+            # A free block's name stays, so its next use can only have changed if the position moved past it
+            # or back before it was computed, or if it was a second copy (the first may have gone since).
+            nxt, _, at, second = entry
+            if (second or nxt <= position or position < at) and self._next_use(block_id)[0] != nxt:
                 self._push(block_id, seq)
                 continue
-            del self._entry[block_id]
+            del entries[block_id]
             return block_id
 
     def note_use(self, block_id: int, session: str | None) -> None:

@@ -34,7 +34,7 @@ CHANGES = {
         "one_at_a_time": {"ablation.design": "one_at_a_time"},
         "shapley_sampled": {"ablation.design": "shapley_sampled"},
         "repeat": {"ablation.repeats": 3},
-        "main": {"ablation.design": "one_at_a_time", "workload.name": "agentx_small", "workload.preset": "agentx_small",
+        "main": {"ablation.design": "factorial", "workload.name": "agentx_small", "workload.preset": "agentx_small",
                  "workload.start": "zero", **VLLM_BACKEND, "backend.num_requests": 8,
                  "opts.cache_retention.resume_from": "prompt_tail", "opts.cache_retention.resume_unit": 16},
     },
