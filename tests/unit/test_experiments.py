@@ -84,8 +84,10 @@ def multirun_args(sweep_dir: Path, design: str, toggles: list[str], workload: st
 
 
 @pytest.mark.spawns
-def test_a_one_at_a_time_multirun_writes_one_result_per_cell_and_the_attribution(tmp_path):
-    done = procs.run(multirun_args(tmp_path, "one_at_a_time", TWO), timeout_s=300, cwd=tmp_path)
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]],
+                         ids=["basic", "joblib"])
+def test_a_one_at_a_time_multirun_writes_one_result_per_cell_and_the_attribution(tmp_path, launcher):
+    done = procs.run(multirun_args(tmp_path, "one_at_a_time", TWO) + launcher, timeout_s=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     cells = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")}
     assert sorted(cells) == ["aiter_mla+fusion.r0", "aiter_mla.r0", "all_off.r0", "fusion.r0"]

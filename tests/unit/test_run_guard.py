@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import procs
@@ -68,10 +69,25 @@ def test_a_hung_test_s_children_do_not_outlive_the_run(tmp_path):
     assert not procs.alive(int(pid_file.read_text()))
 
 
+def sleeping_4444(pid: int, within_s: float) -> bool:
+    """Whether `pid` is still our `sleep 4444` after `within_s` (a SIGKILLed process may take a moment to go
+    under load; a pid reused by another process does not count)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            ours = b"4444" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        if not (ours and procs.alive(pid)) or time.monotonic() > deadline:
+            return ours and procs.alive(pid)
+        time.sleep(0.05)
+
+
 def test_procs_run_kills_the_whole_group_on_its_limit(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     script = (f"import subprocess, time\np = subprocess.Popen(['sleep', '4444'])\n"
               f"open({str(pid_file)!r}, 'w').write(str(p.pid))\ntime.sleep(10**6)\n")
     with pytest.raises(AssertionError, match="did not finish within 3 s"):
         procs.run([sys.executable, "-c", script], timeout_s=3)
-    assert not procs.alive(int(pid_file.read_text()))
+    pid = int(pid_file.read_text())
+    assert not sleeping_4444(pid, within_s=5), "the grandchild outlived its group's kill"
