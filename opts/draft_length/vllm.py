@@ -3,9 +3,10 @@
 k0 is stock vLLM (no `speculative_config`: no speculation). off: K3's MTP head with a fixed
 `num_speculative_tokens` = k. on: `num_speculative_tokens_per_batch_size` = the chooser's [[lo, hi, K], ...]
 with `num_speculative_tokens` = its largest K (vLLM caps every bucket at it, `v1/spec_decode/dynamic/utils.py`).
-vLLM drops the per-batch-size K when data_parallel_size > 1 (`config/vllm.py:1060-1075`): on then runs as off at
-the largest K. With sampling "synthetic" drafts are accepted at the profile's rates (vLLM's synthetic rejection
-sampling takes cumulative per-position rates), so throughput cells compare alike; "standard" is real sampling.
+vLLM drops the per-batch-size K when data_parallel_size > 1 (`config/vllm.py:1060-1075`): on would run as off
+at the largest K, so the backend's EngineConfig refuses an on cell there. With sampling "synthetic" drafts are
+accepted at the profile's rates (vLLM's synthetic rejection sampling takes cumulative per-position rates), so
+throughput cells compare alike; "standard" is real sampling.
 """
 
 from __future__ import annotations

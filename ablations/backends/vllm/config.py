@@ -164,8 +164,9 @@ class EngineSettings:
 
     `platform`: which of each toggle's vLLM settings applies (cpu, rocm, cuda). `num_speculative_tokens` 0
     turns speculation off (or leaves it to the draft_length toggle). `tensor_parallel_size`: ranks (worker
-    processes) the model is sharded over. `kv_cache_gib` sizes the CPU KV cache; `num_gpu_blocks_override`
-    (null: vLLM's own sizing) fixes its number of blocks instead.
+    processes) the model is sharded over; `data_parallel_size`: engine replicas (vLLM drops draft_length=on's
+    per-batch-size K when it is above 1, so such a cell is refused). `kv_cache_gib` sizes the CPU KV cache;
+    `num_gpu_blocks_override` (null: vLLM's own sizing) fixes its number of blocks instead.
     """
 
     platform: str = "cpu"
@@ -179,6 +180,7 @@ class EngineSettings:
     kv_cache_gib: int = 1
     num_gpu_blocks_override: int | None = None
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
     seed: int = 0
 
 

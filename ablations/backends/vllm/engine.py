@@ -73,7 +73,7 @@ class EngineConfig(EngineSettings):
             raise _bad("additional_config", self.additional_config, f"no {CONFIG_KEY!r} entry (set `toggles`)")
         self.toggles = vector_dict(parse_vector(dict(self.toggles), "EngineConfig.toggles"))
         self.settings()
-        for name in ("max_model_len", "max_num_seqs", "kv_cache_gib", "tensor_parallel_size"):
+        for name in ("max_model_len", "max_num_seqs", "kv_cache_gib", "tensor_parallel_size", "data_parallel_size"):
             if getattr(self, name) <= 0:
                 raise _bad(name, getattr(self, name), "a positive integer")
         if self.shutdown_timeout_s < 0:
@@ -101,6 +101,13 @@ class EngineConfig(EngineSettings):
                        "the draft length")
         if toggle_spec and not self.model.num_nextn_predict_layers:
             raise _bad("toggles", toggle_spec, "a model with an MTP layer (num_nextn_predict_layers=1)")
+        per_batch = [name for name, s in self.settings().items()
+                     if "num_speculative_tokens_per_batch_size" in s.engine_args.get("speculative_config", {})]
+        if per_batch and self.data_parallel_size > 1:
+            raise _bad("data_parallel_size", self.data_parallel_size,
+                       f"1 with {per_batch[0]}={self.toggles[per_batch[0]]['mode']}: vLLM 0.32 drops "
+                       "num_speculative_tokens_per_batch_size when data_parallel_size > 1 (config/vllm.py), so "
+                       "the cell would run a fixed K")
         if self.spec_method not in SPEC_METHODS:
             raise _bad("spec_method", self.spec_method, ", ".join(SPEC_METHODS))
         if self.num_speculative_tokens and self.spec_method == "mtp" and not self.model.num_nextn_predict_layers:
@@ -186,6 +193,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         kwargs["num_gpu_blocks_override"] = cfg.num_gpu_blocks_override
     if cfg.tensor_parallel_size > 1:
         kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
+    if cfg.data_parallel_size > 1:
+        kwargs["data_parallel_size"] = cfg.data_parallel_size
     if cfg.model.architecture == "KimiK3ForConditionalGeneration":
         kwargs["limit_mm_per_prompt"] = {"image": 0}
     spec = cfg.speculative_config()
@@ -238,6 +247,8 @@ def server_args(cfg: EngineConfig) -> list[str]:
         args += ["--num-gpu-blocks-override", str(kw.pop("num_gpu_blocks_override"))]
     if "tensor_parallel_size" in kw:
         args += ["--tensor-parallel-size", str(kw.pop("tensor_parallel_size"))]
+    if "data_parallel_size" in kw:
+        args += ["--data-parallel-size", str(kw.pop("data_parallel_size"))]
     for name, flag in (
         ("limit_mm_per_prompt", "--limit-mm-per-prompt"),
         ("speculative_config", "--speculative-config"),

@@ -73,6 +73,7 @@ def test_tokenizer_covers_every_model_id(tmp_path):
     ({"num_speculative_tokens": 1, "model": ModelConfig(num_nextn_predict_layers=0)}, "spec_method"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"tensor_parallel_size": 2, "multiprocess": False}, "tensor_parallel_size"),
+    ({"data_parallel_size": 0}, "data_parallel_size"),
     ({"num_speculative_tokens": 2, "toggles": {"draft_length": {"mode": "off"}}}, "num_speculative_tokens"),
     ({"toggles": {"draft_length": {"mode": "on"}}, "model": ModelConfig(num_nextn_predict_layers=0)}, "toggles"),
 ])
@@ -118,6 +119,22 @@ def test_tensor_parallel_size_reaches_engine_and_server(tmp_path):
     assert engine_kwargs(cfg)["tensor_parallel_size"] == 2
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert "tensor_parallel_size" not in engine_kwargs(EngineConfig(model_dir=str(tmp_path)))
+
+
+def test_data_parallel_size_reaches_engine_and_server(tmp_path):
+    cfg = EngineConfig(model_dir=str(tmp_path), data_parallel_size=2, toggles={"draft_length": {"mode": "off"}})
+    args = server_args(cfg)
+    assert engine_kwargs(cfg)["data_parallel_size"] == 2
+    assert args[args.index("--data-parallel-size") + 1] == "2"
+    assert "data_parallel_size" not in engine_kwargs(EngineConfig(model_dir=str(tmp_path)))
+
+
+def test_draft_length_on_is_refused_above_data_parallel_size_1(tmp_path):
+    """vLLM 0.32 drops the per-batch-size K at data_parallel_size > 1: the cell would silently run a fixed K."""
+    with pytest.raises(ValueError, match=r"EngineConfig.data_parallel_size: invalid value 2; valid: 1 with "
+                                         r"draft_length=on: vLLM 0.32 drops num_speculative_tokens_per_batch_size"):
+        EngineConfig(model_dir=str(tmp_path), data_parallel_size=2, toggles={"draft_length": {"mode": "on"}})
+    assert EngineConfig(model_dir=str(tmp_path), data_parallel_size=1, toggles={"draft_length": {"mode": "on"}})
 
 
 def test_the_draft_length_toggle_sets_the_speculative_config(tmp_path):
