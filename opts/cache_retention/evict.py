@@ -55,18 +55,23 @@ class SessionFreeList(RankedFreeList):
         """`append` for each block in order (inlined: this runs for every block a request frees)."""
         holders_of, live, entry, heap, free_held = self._holders, self._live, self._entry, self._heap, self._free_held
         seq = self._seq
+        push = heapq.heappush
         for block_id in block_ids:
             seq += 1
             holders = holders_of.get(block_id)
-            num_live = len(live.intersection(holders)) if holders else 0
-            entry[block_id] = (num_live, seq)
-            heapq.heappush(heap, (num_live, seq, block_id))
             if holders:
+                num_live = 0
                 for s in holders:
+                    if s in live:
+                        num_live += 1
                     held = free_held.get(s)
                     if held is None:
                         free_held[s] = held = set()
                     held.add(block_id)
+            else:
+                num_live = 0
+            entry[block_id] = (num_live, seq)
+            push(heap, (num_live, seq, block_id))
         self._seq = seq
 
     def note_uses(self, block_ids: list[int], session: str | None) -> None:
@@ -93,18 +98,22 @@ class SessionFreeList(RankedFreeList):
             self._free_held[s].discard(block_id)
 
     def pop(self) -> int:
-        block_id = self._pop_plain()
-        if block_id is not None:
+        if self._plain:
+            block_id = self._plain.popitem(last=False)[0]
             self._holders.pop(block_id, None)
             return block_id
-        self._expire()
-        heap, entries = self._heap, self._entry
+        if self._deadlines and self._deadlines[0][0] <= self.now_s:
+            self._expire()
+        heap, entries, pop = self._heap, self._entry, heapq.heappop
         while True:
-            live, seq, block_id = heapq.heappop(heap)
+            live, seq, block_id = pop(heap)
             if entries.get(block_id) == (live, seq):
                 del entries[block_id]
-                for s in self._holders.pop(block_id, ()):
-                    self._free_held[s].discard(block_id)
+                holders = self._holders.pop(block_id, None)
+                if holders:
+                    free_held = self._free_held
+                    for s in holders:
+                        free_held[s].discard(block_id)
                 return block_id
 
     def order(self) -> list[int]:

@@ -117,18 +117,23 @@ class BeladyFreeList(RankedFreeList):
         block_id = self._pop_plain()
         if block_id is not None:
             return block_id
-        heap, entries, position = self._heap, self._entry, self.position
+        heap, entries, position, next_use = self._heap, self._entry, self.position, self._next_use
+        pop, push = heapq.heappop, heapq.heappush
         while True:
-            neg, _, seq, block_id = heapq.heappop(heap)
+            item = pop(heap)
+            neg, _, seq, block_id = item
             entry = entries.get(block_id)
             if entry is None or entry[0] != -neg or entry[1] != seq:
                 continue
-            # A free block's name stays, so its next use can only have changed if the position moved past it
-            # or back before it was computed, or if it was a second copy (the first may have gone since).
+            # A free block's name (and depth) stays, so its next use can only have changed if the position moved
+            # past it or back before it was computed, or if it was a second copy (the first may have gone since).
             nxt, _, at, second = entry
-            if (second or nxt <= position or position < at) and self._next_use(block_id)[0] != nxt:
-                self._push(block_id, seq)
-                continue
+            if second or nxt <= position or position < at:
+                now, second = next_use(block_id)
+                if now != nxt:
+                    entries[block_id] = (now, seq, position, second)
+                    push(heap, (-now, item[1], seq, block_id))
+                    continue
             del entries[block_id]
             return block_id
 

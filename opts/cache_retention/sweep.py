@@ -19,7 +19,7 @@ from typing import Any
 
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.pool import CacheStats, CapacityError, stream_keys
+from opts.cache_retention.pool import CacheStats, CapacityError, no_cycle_collection, stream_keys
 from opts.cache_retention.reference import block_uses, run_belady, run_unbounded
 from opts.cache_retention.retention import run
 from opts.cache_retention.stream import CacheStream
@@ -274,12 +274,13 @@ def sweep(scenario: Scenario, fractions: Iterable[float] = FRACTIONS, policies: 
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers: invalid value {workers!r}; valid: an integer >= 1 or None (every core)")
     start = time.perf_counter()
-    stream, geometry = scenario.build(), scenario.geometry
-    unbounded_start = time.perf_counter()
-    keys_of = stream_keys(stream, geometry.block_size)
-    unbounded = run_unbounded(stream, geometry, keys_of)
-    unbounded_s = time.perf_counter() - unbounded_start
-    uses = block_uses(stream, geometry, keys_of, unbounded) if "belady" in policies else None
+    with no_cycle_collection():
+        stream, geometry = scenario.build(), scenario.geometry
+        unbounded_start = time.perf_counter()
+        keys_of = stream_keys(stream, geometry.block_size)
+        unbounded = run_unbounded(stream, geometry, keys_of)
+        unbounded_s = time.perf_counter() - unbounded_start
+        uses = block_uses(stream, geometry, keys_of, unbounded) if "belady" in policies else None
     prepared = Prepared(stream, geometry, keys_of, uses)
     working = unbounded.info["working_set_blocks"]
     cells = sorted(((p, f, num_blocks_at(working, f)) for f in fractions for p in policies),
