@@ -8,6 +8,7 @@ import sys
 
 import procs
 import pytest
+from notebook_exec import execute, text_of
 
 from ablations.backends.vllm.cpu.kda import MIXED_STEP_COUNTER
 from ablations.backends.vllm.engine import EngineConfig
@@ -98,3 +99,7 @@ def test_a_one_at_a_time_multirun_of_two_toggles_is_attributed(pool, tmp_path):
     assert out["metric"] == "total_throughput" and out["shapley_method"] == "exact" and out["missing"] == []
     assert sum(out["shapley"].values()) == pytest.approx(out["all_on"] - out["all_off"])
     assert (tmp_path / "attribution_bars.png").is_file()
+    shown = text_of(execute("sweep.ipynb", {"K3_SWEEP_DIR": str(tmp_path)}))    # the notebooks on a real sweep
+    assert "4 cells under" in shown and "missing: none" in shown and (tmp_path / "frontiers.png").is_file()
+    shown = text_of(execute("attribution.ipynb", {"K3_SWEEP_DIR": str(tmp_path)}))
+    assert "4 cells x 1 repeat(s) of one_at_a_time over kda_overlap, cache_retention: all present" in shown

@@ -1,0 +1,41 @@
+"""A small sweep as a multirun leaves it, for the notebook and inspection tests."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ablations.attribution import factorial
+from ablations.backends.vllm.cell import cell_metrics
+from ablations.cells import config_hash, write_result
+from ablations.experiment import label
+from ablations.metrics import RequestRecord
+
+PLAYERS = ("kda_overlap", "fusion")
+SPEEDUP = {"kda_overlap": 1.10, "fusion": 1.25}
+
+
+def write_sweep(root: Path, repeats: int = 2, skip: tuple[tuple[str, int], ...] = ()) -> Path:
+    """A factorial over two toggles as a multirun leaves it: one result.json per cell and repeat, metrics from
+    the vLLM cell's own `cell_metrics` over per-request records of a toy service whose speed the toggles set."""
+    for coalition in factorial(PLAYERS):
+        name = label(coalition, PLAYERS)
+        for repeat in range(repeats):
+            if (name, repeat) in skip:
+                continue
+            speed = math.prod(SPEEDUP[p] for p in coalition) * (1.05 if len(coalition) == 2 else 1.0)
+            speed *= 1 + 0.01 * repeat
+            records = [RequestRecord(arrival_s=0.5 * i, first_token_s=0.5 * i + 0.2 / speed,
+                                     finish_s=0.5 * i + (0.2 + 15 * 0.05) / speed, input_tokens=400, output_tokens=16,
+                                     cached_tokens=(100 * i) % 400) for i in range(8)]
+            config = {"ablation": {"design": "factorial", "repeats": repeats, "num_permutations": 6, "seed": 0,
+                                   "cell": name, "repeat": repeat},
+                      "opts": {p: {"mode": "on" if p in coalition else "off"} for p in PLAYERS}}
+            write_result(root / f"{name}.r{repeat}" / "result.json", {
+                "schema": 1, "status": "ok", "workload": "agentx_small", "model": "k3_tiny", "backend": "vllm",
+                "toggles": {p: {"mode": "on" if p in coalition else "off"} for p in PLAYERS},
+                "ablation": {"design": "factorial", "players": list(PLAYERS), "cell": name, "on": sorted(coalition),
+                             "repeat": repeat, "metric": "total_throughput"},
+                "config": config, "config_hash": config_hash(config), "setting_hash": "toy",
+                "metrics": cell_metrics(records)})
+    return root
