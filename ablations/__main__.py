@@ -25,6 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ablations.backends.vllm.cell import PROCESS_DIR, not_fired, run_cell
+from ablations.backends.vllm.serve_cell import run_serve_cell
 from ablations.cells import (
     RESULT_FILE,
     config_hash,
@@ -82,10 +83,16 @@ def run(app: AppConfig, out_dir: Path, config: dict | None = None, players: tupl
     log.info("workload %s:\n%s", app.workload.name, format_stats(stats))
     out_dir.mkdir(parents=True, exist_ok=True)
     if app.backend is not None:
-        cell = run_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.workload, app.paths.model_cache)
+        if app.backend.mode == "serve":
+            cell = run_serve_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.paths.model_cache)
+        else:
+            cell = run_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.workload,
+                            app.paths.model_cache)
         result["cell"] = cell
         result["metrics"] = cell["metrics"]
         result["fired"] = cell["fired"]
+        if "points" in cell:
+            result["points"] = cell["points"]
         silent = not_fired(cell["fired"])
         if silent:
             raise RuntimeError("; ".join(silent))

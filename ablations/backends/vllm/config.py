@@ -184,21 +184,51 @@ class EngineSettings:
     seed: int = 0
 
 
+# replay: the engine in this process, the workload replayed by its schedule (cell.py); serve: an OpenAI server per
+# cell and a client at each concurrency (serve_cell.py).
+MODES = ("replay", "serve")
+CLIENTS = ("vllm_bench",)
+
+
 @dataclass
 class VllmBackendConfig(EngineSettings):
     """The `backend=vllm` group: the engine a run starts for the `model` group's tiny model (conf/backend/vllm.yaml
     sets prefix caching and a 64-token step budget, so that with MTP, whose draft length the draft_length toggle
     sets, steps mix prefill chunks with verification rows, what kda_overlap acts on), and the short greedy
     generation it makes from the workload's first `num_requests` requests (prompts cut to `max_prompt_tokens`,
-    `max_tokens` each)."""
+    `max_tokens` each). `mode` replay runs the engine in this process (cell.py); serve starts an OpenAI server
+    per cell and replays with `client` at each of `concurrencies`, reading throughput per GPU at
+    `target_interactivity` (tokens/s/user) from the points (serve_cell.py)."""
 
     name: str = "vllm"
     num_requests: int = 8
     max_prompt_tokens: int = 512
     max_tokens: int = 16
+    mode: str = "replay"
+    client: str = "vllm_bench"
+    concurrencies: list[int] = field(default_factory=lambda: [1, 2, 4])
+    target_interactivity: float = 50.0
+    server_timeout_s: int = 300
+    replay_timeout_s: int = 600
 
     def __post_init__(self) -> None:
         check_types(self)
+        if self.mode not in MODES:
+            raise ValueError(f"VllmBackendConfig.mode: invalid value {self.mode!r}; valid choices: {', '.join(MODES)}")
+        if self.client not in CLIENTS:
+            raise ValueError(f"VllmBackendConfig.client: invalid value {self.client!r}; valid choices: "
+                             f"{', '.join(CLIENTS)}")
+        if not self.concurrencies or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                         for c in self.concurrencies):
+            raise ValueError(f"VllmBackendConfig.concurrencies: invalid value {self.concurrencies!r}; valid: a "
+                             "non-empty list of integers >= 1")
+        if not self.target_interactivity > 0:
+            raise ValueError(f"VllmBackendConfig.target_interactivity: invalid value {self.target_interactivity!r}; "
+                             "valid: tokens/s/user > 0")
+        for name in ("server_timeout_s", "replay_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"VllmBackendConfig.{name}: invalid value {getattr(self, name)!r}; valid: "
+                                 "seconds > 0")
         for name in ("num_requests", "max_prompt_tokens", "max_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VllmBackendConfig.{name}: invalid value {getattr(self, name)!r}; valid: a "

@@ -1,0 +1,175 @@
+"""A serving cell (`backend.mode=serve`): a fresh vLLM OpenAI server for the cell's toggle vector, the workload
+replayed against it by a client at each concurrency of a sweep, and the SLO headline read from the points.
+
+The server runs on 127.0.0.1 at an ephemeral port with the cell's engine arguments, environment and
+`additional_config` (the same `EngineConfig` as the in-process cell), its log in the cell's directory; it is
+stopped when the cell ends, also on failure, so no cell inherits another's prefix cache. A server that dies
+mid-replay is an error with its log's tail. Per concurrency point: per-request records (`ablations.metrics`
+computes every metric from them over the steady-state window) and vLLM's own counters from `/metrics`, before
+and after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ablations.backends.vllm.bench_client import MODULE as CLIENT_MODULE
+from ablations.backends.vllm.bench_client import client_args, read_records
+from ablations.backends.vllm.cell import NUM_DEVICES, PROCESS_DIR, cell_metrics, fired, first_requests
+from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
+from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
+from ablations.backends.vllm.engine import engine_config, engine_kwargs, server_args
+from ablations.backends.vllm.prometheus import difference, read_counters
+from ablations.backends.vllm.runtime import vllm_process_env
+from ablations.backends.vllm.server import SERVER_MODULE, Server, start_server
+from ablations.backends.vllm.toggles import read_records as read_patch_records
+from ablations.metrics import SweepPoint, steady_window, summarize, throughput_at_slo
+from ablations.workload.io import write_trace
+from ablations.workload.trace import Trace, num_blocks
+
+log = logging.getLogger("ablations")
+SERVER_LOG, TRACE_FILE = "server.log", "serve_trace.jsonl"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"     # exposes POST /reset_prefix_cache, which each point starts with
+
+
+def capped_trace(trace: Trace, max_prompt_tokens: int, max_tokens: int) -> Trace:
+    """`trace` with each prompt cut to `max_prompt_tokens` (its hash ids with it) and each answer to `max_tokens`:
+    what the tiny model's context holds."""
+    requests = []
+    for r in trace.requests:
+        length = min(r.input_length, max_prompt_tokens)
+        requests.append(dataclasses.replace(r, input_length=length, output_length=min(r.output_length, max_tokens),
+                                            hash_ids=r.hash_ids[:num_blocks(length, trace.block_size)]))
+    return Trace(requests, trace.block_size, trace.source)
+
+
+def _counters(server: Server) -> dict[str, Any]:
+    try:
+        return read_counters(server.metrics())
+    except OSError as err:
+        state = "running" if server.is_running() else f"dead (exit {server.process.returncode})"
+        raise RuntimeError(f"vLLM server /metrics: {err}; the server is {state}; log {server.log_path}:\n"
+                           f"{server.log_tail()}") from None
+
+
+def _reset_prefix_cache(server: Server, attempts: int = 20) -> None:
+    """Empty the server's prefix cache, so that a point does not hit what the one before it left (vLLM refuses
+    while blocks are held: retried)."""
+    for _ in range(attempts):
+        if server.request("/reset_prefix_cache", {}).get("success", True):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"vLLM server: /reset_prefix_cache refused {attempts} times; log {server.log_path}")
+
+
+def _point(server: Server, out_dir: Path, trace_path: Path, cut: Trace, concurrency: int, timeout_s: float,
+           tokenizer: str) -> dict[str, Any]:
+    """One concurrency point: the client's replay, its records and summary, vLLM's counters over it."""
+    name = f"client_c{concurrency}.json"
+    _reset_prefix_cache(server)
+    args = client_args(server.url, server.model, tokenizer, trace_path, cut.block_size, len(cut.requests),
+                       concurrency, out_dir, name)
+    before = _counters(server)
+    client_log = out_dir / f"client_c{concurrency}.log"
+    start = time.perf_counter()
+    with client_log.open("w") as out:
+        out.write("$ " + " ".join([sys.executable, "-m", CLIENT_MODULE, *args]) + "\n")
+        out.flush()
+        proc = subprocess.Popen([sys.executable, "-m", CLIENT_MODULE, *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=vllm_process_env())
+        try:
+            while proc.poll() is None:
+                if not server.is_running():
+                    raise RuntimeError(f"vLLM server died during the replay at concurrency {concurrency} (exit "
+                                       f"{server.process.returncode}); log {server.log_path}:\n{server.log_tail()}")
+                if time.perf_counter() - start > timeout_s:
+                    raise RuntimeError(f"client at concurrency {concurrency}: no result after {timeout_s:.0f} s; "
+                                       f"log {client_log}")
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if proc.returncode != 0 or not (out_dir / name).is_file():
+        tail = "\n".join(client_log.read_text(errors="replace").splitlines()[-20:])
+        server_state = "" if server.is_running() else f"; the server died, log {server.log_path}:\n{server.log_tail()}"
+        raise RuntimeError(f"client at concurrency {concurrency} exited {proc.returncode}; log {client_log}:\n{tail}"
+                           f"{server_state}")
+    records, summary = read_records(out_dir / name)
+    counters = difference(_counters(server), before)
+    window = steady_window(records)
+    steady = summarize(records, NUM_DEVICES, window)
+    log.info("vllm serve: concurrency %d: %d requests in %.1f s, %.1f tokens/s/GPU, P90 interactivity %.2f "
+             "tokens/s/user, prefix hits %d of %d tokens", concurrency, len(records), time.perf_counter() - start,
+             steady.throughput_per_gpu, steady.interactivity_p90, counters["prefix_cache_hits"],
+             counters["prefix_cache_queries"])
+    metrics = cell_metrics(records)
+    # the client sees no per-request cached tokens: the hit rate is vLLM's own, over the point
+    queries = counters["prefix_cache_queries"]
+    metrics["prefix_hit_rate"] = counters["prefix_cache_hits"] / queries if queries else 0.0
+    return {"concurrency": concurrency, "interactivity": steady.interactivity_p90,
+            "throughput_per_gpu": steady.throughput_per_gpu, "steady_window_s": [window.start_s, window.end_s],
+            "metrics": metrics, "client_summary": summary, "vllm_counters": counters,
+            "requests": [dataclasses.asdict(r) for r in records]}
+
+
+def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, Any], trace: Trace,
+                   out_dir: Path, model_cache: str = "") -> dict[str, Any]:
+    """Start a server for `toggles`, replay the workload's first `backend.num_requests` requests at each of
+    `backend.concurrencies`, stop it; the cell's result (the headline: throughput per GPU at
+    `backend.target_interactivity`, NaN with the reason when the sweep does not bracket it)."""
+    cfg = dataclasses.replace(engine_config(backend, model, toggles, model_cache), skip_tokenizer_init=False)
+    cut = capped_trace(first_requests(trace, backend.num_requests), backend.max_prompt_tokens, backend.max_tokens)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = write_trace(cut, out_dir / TRACE_FILE, form="timed_trace")
+    process_dir = out_dir / PROCESS_DIR
+    log.info("vllm serve: starting the server for %s (%s) with toggles %s; log %s", model.name, backend.platform,
+             cfg.toggles, out_dir / SERVER_LOG)
+    t0 = time.perf_counter()
+    server = start_server(cfg, out_dir / SERVER_LOG, timeout=backend.server_timeout_s,
+                          env={**os.environ, COUNTER_DIR_ENV: str(process_dir), DEV_MODE_ENV: "1"})
+    points = []
+    try:
+        start_s = time.perf_counter() - t0
+        log.info("vllm serve: server up in %.1f s at %s; %d requests per point, concurrencies %s", start_s,
+                 server.url, len(cut.requests), list(backend.concurrencies))
+        for k, concurrency in enumerate(backend.concurrencies, 1):
+            log.info("vllm serve: [point %d/%d] concurrency %d", k, len(backend.concurrencies), concurrency)
+            points.append(_point(server, out_dir, trace_path, cut, concurrency, backend.replay_timeout_s,
+                                 str(cfg.resolved_model_dir())))
+    finally:
+        code = server.stop()
+        log.info("vllm serve: server stopped (exit %s)", code)
+    slo = throughput_at_slo([SweepPoint(p["interactivity"], p["throughput_per_gpu"], p["concurrency"])
+                             for p in points], backend.target_interactivity)
+    counts = read_counts(process_dir)
+    metrics = dict(points[-1]["metrics"])
+    if not slo.is_missing:    # absent, not NaN: attributing it over a cell without it names that cell
+        metrics["tput_per_gpu_at_slo"] = slo.value
+    return {
+        "mode": "serve",
+        "client": backend.client,
+        "toggles": cfg.toggles,
+        "platform": backend.platform,
+        "engine_args": {k: v for k, v in engine_kwargs(cfg).items() if k != "model"},
+        "server_command": [sys.executable, "-m", SERVER_MODULE, *server_args(cfg)],
+        "env": {name: setting.env for name, setting in cfg.settings().items() if setting.env},
+        "server_start_s": start_s,
+        "num_requests": len(cut.requests),
+        "metrics": metrics,
+        "slo": {"target_interactivity": slo.target_interactivity,
+                "tput_per_gpu": None if math.isnan(slo.value) else slo.value, "reason": slo.reason},
+        "points": [{k: p[k] for k in ("concurrency", "interactivity", "throughput_per_gpu")} for p in points],
+        "point_details": points,
+        "kernel_counts": counts,
+        "fired": fired(cfg, counts),
+        "processes": read_patch_records(process_dir),
+    }
