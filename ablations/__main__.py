@@ -181,7 +181,11 @@ def run_sweep_cell(cfg: DictConfig, out_dir: Path, result_name: str) -> None:
     except Exception as err:
         text = message(err)
         print(f"error: cell {cfg.ablation.cell}: {text}", file=sys.stderr)
+        detail = str(err).strip().splitlines()[1:]    # e.g. a dead server's log tail
+        if detail:
+            print("\n".join("  " + line for line in detail), file=sys.stderr)
         failed = {"schema": 1, "status": "failed", "error": f"{type(err).__name__}: {text}", "config": config,
+                  "error_detail": str(err),
                   "config_hash": config_hash(config), "setting_hash": setting_hash(config, list(players)),
                   "ablation": {"design": cfg.ablation.design, "players": list(players), "cell": cfg.ablation.cell,
                                "repeat": cfg.ablation.repeat, "metric": cfg.ablation.metric},

@@ -4,9 +4,14 @@ vector, the workload replayed at two concurrencies, vLLM's own counters per poin
 from __future__ import annotations
 
 import json
+import re
 import sys
+import threading
+import time
+from pathlib import Path
 
 import procs
+import psutil
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -38,3 +43,45 @@ def test_a_serving_cell_replays_each_concurrency_from_an_empty_cache_and_reports
     assert "tput_per_gpu_at_slo" not in result["metrics"]
     assert "Application startup complete" in (tmp_path / "server.log").read_text()
     assert all((tmp_path / f"client_c{c}.json").is_file() for c in (1, 2))
+
+
+def _kill_the_second_cells_server(sweep_dir: Path, stop: threading.Event, killed: list[int]) -> None:
+    """Once a second cell's client has started, SIGKILL the server it talks to (found by its --port)."""
+    while not stop.is_set():
+        logs = sorted(sweep_dir.glob("*/client_c1.log"), key=lambda p: p.stat().st_mtime)
+        done = {p.parent for p in sweep_dir.glob("*/result.json")}
+        started = [p for p in logs if p.parent not in done and p.read_text().startswith("$ ")]
+        if len(logs) == 2 and started:
+            port = re.search(r"--base-url http://127.0.0.1:(\d+)", started[0].read_text()).group(1)
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                cmd = proc.info["cmdline"] or []
+                if "vllm.entrypoints.openai.api_server" in " ".join(cmd) and port in cmd:
+                    proc.kill()
+                    killed.append(proc.info["pid"])
+                    return
+        time.sleep(0.2)
+
+
+def test_a_server_killed_mid_replay_fails_its_cell_with_the_log_tail_and_keeps_the_finished_one(tmp_path):
+    args = ["-m", "experiment=one_at_a_time", "backend=vllm", "backend.mode=serve", "model=k3_tiny",
+            "workload=agentx_small", "workload.start=zero", "backend.num_requests=4", "backend.concurrencies=[1]",
+            "ablation.toggles=[kda_overlap]", f"hydra.sweep.dir={tmp_path}"]
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_the_second_cells_server, args=(tmp_path, stop, killed), daemon=True)
+    watcher.start()
+    try:
+        proc = procs.run([sys.executable, "-m", "ablations", *args], timeout_s=800)
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert killed, "the second cell's server was never found"
+    assert proc.returncode == 0, proc.stderr[-4000:]    # the sweep goes on past a failed cell
+    results = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")}
+    assert sorted(results) == ["all_off.r0", "kda_overlap.r0"]
+    failed = [r for r in results.values() if r["status"] == "failed"]
+    finished = [r for r in results.values() if r["status"] == "ok"]
+    assert len(failed) == 1 and len(finished) == 1, {k: r["status"] for k, r in results.items()}
+    error = failed[0]["error"]
+    assert "vLLM server died during the replay at concurrency 1" in error or "the server died" in error, error
+    assert "server.log" in error and "(APIServer pid=" in failed[0]["error_detail"], "the server log's tail is kept"
+    assert finished[0]["points"] and finished[0]["metrics"]["num_requests"] == 4
