@@ -17,34 +17,6 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_a_serving_cell_replays_each_concurrency_from_an_empty_cache_and_reports_its_points(tmp_path):
-    args = ["backend=vllm", "backend.mode=serve", "model=k3_tiny", "workload=agentx_small", "workload.start=zero",
-            "backend.num_requests=4", "backend.concurrencies=[1,2]", "backend.target_interactivity=1000",
-            f"hydra.run.dir={tmp_path}"]
-    proc = procs.run([sys.executable, "-m", "ablations", *args], timeout_s=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads((tmp_path / "result.json").read_text())
-    cell = result["cell"]
-    assert result["status"] == "ok" and cell["mode"] == "serve" and cell["client"] == "vllm_bench"
-    assert [p["concurrency"] for p in result["points"]] == [1, 2]
-    details = cell["point_details"]
-    for point in details:
-        assert len(point["requests"]) == 4 and point["client_summary"]["completed"] == 4
-        counters = point["vllm_counters"]
-        # every prompt token was looked up in vLLM's prefix cache once per point
-        assert counters["prefix_cache_queries"] == sum(r["input_tokens"] for r in point["requests"]) > 0
-    # the cache is emptied before each point: the second point hits exactly what the first did, no more
-    assert details[0]["vllm_counters"]["prefix_cache_hits"] == details[1]["vllm_counters"]["prefix_cache_hits"]
-    hits = details[1]["vllm_counters"]
-    rate = hits["prefix_cache_hits"] / hits["prefix_cache_queries"]
-    assert result["metrics"]["prefix_hit_rate"] == pytest.approx(rate)
-    # a target no point reaches: no headline number, the reason instead
-    assert cell["slo"]["tput_per_gpu"] is None and "no point reaches 1000" in cell["slo"]["reason"]
-    assert "tput_per_gpu_at_slo" not in result["metrics"]
-    assert "Application startup complete" in (tmp_path / "server.log").read_text()
-    assert all((tmp_path / f"client_c{c}.json").is_file() for c in (1, 2))
-
-
 def _kill_the_second_cells_server(sweep_dir: Path, stop: threading.Event, killed: list[int]) -> None:
     """Once a second cell's client has started, SIGKILL the server it talks to (found by its --port)."""
     while not stop.is_set():
@@ -62,10 +34,14 @@ def _kill_the_second_cells_server(sweep_dir: Path, stop: threading.Event, killed
         time.sleep(0.2)
 
 
-def test_a_server_killed_mid_replay_fails_its_cell_with_the_log_tail_and_keeps_the_finished_one(tmp_path):
+def test_serving_cells_replay_each_concurrency_from_an_empty_cache_and_a_killed_server_fails_only_its_cell(
+        tmp_path):
+    """Two cells (all off, kda_overlap on), each a fresh server replaying 4 requests at concurrencies 1 and 2; the
+    second cell's server is SIGKILLed as its replay starts: that cell fails with the server log's tail, the sweep
+    goes on, and the finished cell reports both points."""
     args = ["-m", "experiment=one_at_a_time", "backend=vllm", "backend.mode=serve", "model=k3_tiny",
-            "workload=agentx_small", "workload.start=zero", "backend.num_requests=4", "backend.concurrencies=[1]",
-            "ablation.toggles=[kda_overlap]", f"hydra.sweep.dir={tmp_path}"]
+            "workload=agentx_small", "workload.start=zero", "backend.num_requests=4", "backend.concurrencies=[1,2]",
+            "backend.target_interactivity=1000", "ablation.toggles=[kda_overlap]", f"hydra.sweep.dir={tmp_path}"]
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_the_second_cells_server, args=(tmp_path, stop, killed), daemon=True)
     watcher.start()
@@ -84,4 +60,31 @@ def test_a_server_killed_mid_replay_fails_its_cell_with_the_log_tail_and_keeps_t
     error = failed[0]["error"]
     assert "vLLM server died during the replay at concurrency 1" in error or "the server died" in error, error
     assert "server.log" in error and "(APIServer pid=" in failed[0]["error_detail"], "the server log's tail is kept"
-    assert finished[0]["points"] and finished[0]["metrics"]["num_requests"] == 4
+    check_served_cell(finished[0], tmp_path / label(finished[0]))
+
+
+def label(result: dict) -> str:
+    return f"{result['ablation']['cell']}.r0"
+
+
+def check_served_cell(result: dict, cell_dir: Path) -> None:
+    """What a finished serving cell reports: its points, vLLM's counters per point, the SLO reason."""
+    cell = result["cell"]
+    assert cell["mode"] == "serve" and cell["client"] == "vllm_bench"
+    assert [p["concurrency"] for p in result["points"]] == [1, 2]
+    details = cell["point_details"]
+    for point in details:
+        assert len(point["requests"]) == 4 and point["client_summary"]["completed"] == 4
+        counters = point["vllm_counters"]
+        # every prompt token was looked up in vLLM's prefix cache once per point
+        assert counters["prefix_cache_queries"] == sum(r["input_tokens"] for r in point["requests"]) > 0
+    # the cache is emptied before each point: the second point hits exactly what the first did, no more
+    assert details[0]["vllm_counters"]["prefix_cache_hits"] == details[1]["vllm_counters"]["prefix_cache_hits"]
+    hits = details[1]["vllm_counters"]
+    rate = hits["prefix_cache_hits"] / hits["prefix_cache_queries"]
+    assert result["metrics"]["prefix_hit_rate"] == pytest.approx(rate) and result["metrics"]["num_requests"] == 4
+    # a target no point reaches: no headline number, the reason instead
+    assert cell["slo"]["tput_per_gpu"] is None and "no point reaches 1000" in cell["slo"]["reason"]
+    assert "tput_per_gpu_at_slo" not in result["metrics"]
+    assert "Application startup complete" in (cell_dir / "server.log").read_text()
+    assert all((cell_dir / f"client_c{c}.json").is_file() for c in (1, 2))
