@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 
 from ablations.backends.vllm.config import ModelConfig
 from ablations.backends.vllm.engine import EngineConfig, engine_kwargs, rank_cores, server_args
+from ablations.backends.vllm.runtime import hide_media_wheels
 from ablations.backends.vllm.tiny_model import STAMP_FILE, tokenizer_vocab, write_model_dir
+from opts.registry import OPTIMIZATIONS
 
 
 @pytest.mark.parametrize(("field", "value", "hint"), [
@@ -150,3 +153,43 @@ def test_cpu_ranks_get_their_own_cores():
     assert rank_cores(2, [0, 1]) == "0|1" and rank_cores(2, [0, 1, 2, 3]) == "0,1|2,3"
     with pytest.raises(ValueError, match=r"EngineConfig.tensor_parallel_size: invalid value 4; .* has 2"):
         rank_cores(4, [0, 1])
+
+
+def _server_parser():
+    with contextlib.suppress(RuntimeError):
+        hide_media_wheels()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser()), AsyncEngineArgs
+
+
+@pytest.mark.parametrize("platform", ["cpu", "rocm", "cuda"])
+def test_every_server_argument_of_every_toggle_mode_parses_with_vllms_own_parser(tmp_path, platform):
+    """What a serving cell (or a GPU user's command) passes to `vllm.entrypoints.openai.api_server`, for each
+    mode of each toggle on each platform, parsed by the server's own parser into the engine's arguments."""
+    parser, engine_args = _server_parser()
+    checked, refused = 0, []
+    for name, opt in OPTIMIZATIONS.items():
+        for mode in opt.config_cls.MODES:
+            extra = {"tensor_parallel_size": 2} if name == "moe_dedup" else {}
+            try:
+                cfg = EngineConfig(model_dir=str(tmp_path), platform=platform, toggles={name: {"mode": mode}},
+                                   **extra)
+            except ValueError as err:    # a mode this platform does not wire: refused, naming it
+                assert name in str(err) and platform in str(err), err
+                refused.append(f"{name}={mode}")
+                continue
+            args = server_args(cfg)
+            parsed = parser.parse_args(args)
+            engine = engine_args.from_cli_args(parsed)
+            kwargs = engine_kwargs(cfg)
+            assert (engine.model, engine.max_model_len, engine.seed) == (
+                str(tmp_path), kwargs["max_model_len"], kwargs["seed"]), (name, mode)
+            assert engine.speculative_config == kwargs.get("speculative_config"), (name, mode)
+            assert engine.additional_config == kwargs.get("additional_config", {}), (name, mode)
+            assert engine.tensor_parallel_size == kwargs.get("tensor_parallel_size", 1), (name, mode)
+            checked += 1
+    assert checked + len(refused) == sum(len(o.config_cls.MODES) for o in OPTIMIZATIONS.values())
+    assert checked >= len(OPTIMIZATIONS) + 4, refused
