@@ -43,9 +43,16 @@ def bench_jsons(tmp_path_factory) -> str:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0",
                            "tests/benchmarks/test_aiter_mla.py", "--benchmark-enable",
                            f"--benchmark-json={out / 'pytest_benchmark.json'}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=240, env={**os.environ, "K3_BENCH_QUICK": "1", "K3_BENCH_SECONDS": "0.05"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+                          text=True, timeout=240, env={**_outside_xdist(), "K3_BENCH_QUICK": "1",
+                                                        "K3_BENCH_SECONDS": "0.05"})
+    assert proc.returncode == 0 and (out / "pytest_benchmark.json").is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
     return f"{out / 'aiter_mla.json'},{out / 'pytest_benchmark.json'}"
+
+
+def _outside_xdist() -> dict[str, str]:
+    """This environment without pytest-xdist's worker variables: a pytest started from an xdist worker would
+    take itself for one, and pytest-benchmark measures nothing (and writes no JSON) under xdist."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
 
 
 @pytest.mark.spawns
