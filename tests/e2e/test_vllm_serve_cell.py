@@ -18,12 +18,12 @@ pytestmark = pytest.mark.e2e
 
 
 def _kill_the_second_cells_server(sweep_dir: Path, stop: threading.Event, killed: list[int]) -> None:
-    """Once a second cell's client has started, SIGKILL the server it talks to (found by its --port)."""
+    """Once a second cell's client has started its second point, SIGKILL the server it talks to (by its --port)."""
     while not stop.is_set():
-        logs = sorted(sweep_dir.glob("*/client_c1.log"), key=lambda p: p.stat().st_mtime)
         done = {p.parent for p in sweep_dir.glob("*/result.json")}
-        started = [p for p in logs if p.parent not in done and p.read_text().startswith("$ ")]
-        if len(logs) == 2 and started:
+        started = [p for p in sweep_dir.glob("*/client_c2.log") if p.parent not in done and
+                   p.read_text().startswith("$ ")]
+        if done and started:
             port = re.search(r"--base-url http://127.0.0.1:(\d+)", started[0].read_text()).group(1)
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 cmd = proc.info["cmdline"] or []
@@ -37,8 +37,9 @@ def _kill_the_second_cells_server(sweep_dir: Path, stop: threading.Event, killed
 def test_serving_cells_replay_each_concurrency_from_an_empty_cache_and_a_killed_server_fails_only_its_cell(
         tmp_path):
     """Two cells (all off, kda_overlap on), each a fresh server replaying 4 requests at concurrencies 1 and 2; the
-    second cell's server is SIGKILLed as its replay starts: that cell fails with the server log's tail, the sweep
-    goes on, and the finished cell reports both points."""
+    second cell's server is SIGKILLed as its second point starts: that cell fails with the server log's tail, the
+    sweep goes on, the finished cell reports both points, and the second cell's first point (kept in its
+    directory) hit no more than the first cell's did: nothing of the first cell's traffic was cached for it."""
     args = ["-m", "experiment=one_at_a_time", "backend=vllm", "backend.mode=serve", "model=k3_tiny",
             "workload=agentx_small", "workload.start=zero", "backend.num_requests=4", "backend.concurrencies=[1,2]",
             "backend.target_interactivity=1000", "ablation.toggles=[kda_overlap]", f"hydra.sweep.dir={tmp_path}"]
@@ -58,9 +59,13 @@ def test_serving_cells_replay_each_concurrency_from_an_empty_cache_and_a_killed_
     finished = [r for r in results.values() if r["status"] == "ok"]
     assert len(failed) == 1 and len(finished) == 1, {k: r["status"] for k, r in results.items()}
     error = failed[0]["error"]
-    assert "vLLM server died during the replay at concurrency 1" in error or "the server died" in error, error
+    assert "vLLM server died during the replay at concurrency 2" in error or "the server died" in error, error
     assert "server.log" in error and "(APIServer pid=" in failed[0]["error_detail"], "the server log's tail is kept"
     check_served_cell(finished[0], tmp_path / label(finished[0]))
+    first = json.loads((tmp_path / label(failed[0]) / "point_c1.json").read_text())["vllm_counters"]
+    mine = finished[0]["cell"]["point_details"][0]["vllm_counters"]
+    assert (first["prefix_cache_queries"], first["prefix_cache_hits"]) == (mine["prefix_cache_queries"],
+                                                                          mine["prefix_cache_hits"])
 
 
 def label(result: dict) -> str:

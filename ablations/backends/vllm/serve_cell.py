@@ -31,12 +31,13 @@ from ablations.backends.vllm.prometheus import difference, read_counters
 from ablations.backends.vllm.runtime import vllm_process_env
 from ablations.backends.vllm.server import SERVER_MODULE, Server, start_server
 from ablations.backends.vllm.toggles import read_records as read_patch_records
+from ablations.cells import write_result
 from ablations.metrics import SweepPoint, steady_window, summarize, throughput_at_slo
 from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace, num_blocks
 
 log = logging.getLogger("ablations")
-SERVER_LOG, TRACE_FILE = "server.log", "serve_trace.jsonl"
+SERVER_LOG, TRACE_FILE, POINT_FILE = "server.log", "serve_trace.jsonl", "point_c{concurrency}.json"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"     # exposes POST /reset_prefix_cache, which each point starts with
 
 
@@ -145,6 +146,7 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
             log.info("vllm serve: [point %d/%d] concurrency %d", k, len(backend.concurrencies), concurrency)
             points.append(_point(server, out_dir, trace_path, cut, concurrency, backend.replay_timeout_s,
                                  str(cfg.resolved_model_dir())))
+            write_result(out_dir / POINT_FILE.format(concurrency=concurrency), points[-1])   # kept if a later one fails
     finally:
         code = server.stop()
         log.info("vllm serve: server stopped (exit %s)", code)
