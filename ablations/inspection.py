@@ -109,11 +109,12 @@ def load_sweep(sweep_dir: str | Path) -> list[Cell]:
 # Microbenchmarks: one row per (optimization, case) with off, on, on's gain and where it was measured.
 
 def _machine(top: dict[str, Any], row: dict[str, Any]) -> str | None:
-    value = row.get("device") or top.get("device") or top.get("cpu_model")
-    isa = top.get("isa") or top.get("cpu_isa")
-    if value and isa and not row.get("device") and not top.get("device"):
-        value = f"{value} ({isa})"
-    return value
+    """The device a row names, else its file's CPU model with the ISA when known."""
+    device = row.get("device") or top.get("device")
+    if device:
+        return device
+    model, isa = top.get("cpu_model"), top.get("isa") or top.get("cpu_isa")
+    return f"{model} ({isa})" if model and isa else model
 
 
 def _row(source: str, optimization: str, case: str, quantity: str, off: float, on: float, machine: str | None

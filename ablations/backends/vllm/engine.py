@@ -101,8 +101,8 @@ class EngineConfig(EngineSettings):
                        "the draft length")
         if toggle_spec and not self.model.num_nextn_predict_layers:
             raise _bad("toggles", toggle_spec, "a model with an MTP layer (num_nextn_predict_layers=1)")
-        per_batch = [name for name, s in self.settings().items()
-                     if "num_speculative_tokens_per_batch_size" in s.engine_args.get("speculative_config", {})]
+        per_batch = [name for name, spec in self._toggle_specs().items()
+                     if "num_speculative_tokens_per_batch_size" in spec]
         if per_batch and self.data_parallel_size > 1:
             raise _bad("data_parallel_size", self.data_parallel_size,
                        f"1 with {per_batch[0]}={self.toggles[per_batch[0]]['mode']}: vLLM 0.32 drops "
@@ -127,10 +127,14 @@ class EngineConfig(EngineSettings):
                 f"{self.num_speculative_tokens} non-increasing values in [0, 1] (one per draft position)",
             )
 
+    def _toggle_specs(self) -> dict[str, dict[str, Any]]:
+        """The `speculative_config` each toggle's vLLM setting sets, by toggle name."""
+        return {name: s.engine_args["speculative_config"] for name, s in self.settings().items()
+                if "speculative_config" in s.engine_args}
+
     def _toggle_speculation(self) -> str:
         """The toggles whose vLLM setting sets `speculative_config`, as "name=mode" ("" when none)."""
-        return ", ".join(f"{name}={self.toggles[name]['mode']}" for name, s in self.settings().items()
-                         if "speculative_config" in s.engine_args)
+        return ", ".join(f"{name}={self.toggles[name]['mode']}" for name in self._toggle_specs())
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:

@@ -57,8 +57,7 @@ def _counters(server: Server) -> dict[str, Any]:
         return read_counters(server.metrics())
     except OSError as err:
         state = "running" if server.is_running() else f"dead (exit {server.process.returncode})"
-        raise RuntimeError(f"vLLM server /metrics: {err}; the server is {state}; log {server.log_path}:\n"
-                           f"{server.log_tail()}") from None
+        raise RuntimeError(f"vLLM server /metrics: {err}; the server is {state}; {server.log_excerpt()}") from None
 
 
 def _reset_prefix_cache(server: Server, attempts: int = 20) -> None:
@@ -90,7 +89,7 @@ def _point(server: Server, out_dir: Path, trace_path: Path, cut: Trace, concurre
             while proc.poll() is None:
                 if not server.is_running():
                     raise RuntimeError(f"vLLM server died during the replay at concurrency {concurrency} (exit "
-                                       f"{server.process.returncode}); log {server.log_path}:\n{server.log_tail()}")
+                                       f"{server.process.returncode}); {server.log_excerpt()}")
                 if time.perf_counter() - start > timeout_s:
                     raise RuntimeError(f"client at concurrency {concurrency}: no result after {timeout_s:.0f} s; "
                                        f"log {client_log}")
@@ -101,7 +100,7 @@ def _point(server: Server, out_dir: Path, trace_path: Path, cut: Trace, concurre
                 proc.wait()
     if proc.returncode != 0 or not (out_dir / name).is_file():
         tail = "\n".join(client_log.read_text(errors="replace").splitlines()[-20:])
-        server_state = "" if server.is_running() else f"; the server died, log {server.log_path}:\n{server.log_tail()}"
+        server_state = "" if server.is_running() else f"; the server died, {server.log_excerpt()}"
         raise RuntimeError(f"client at concurrency {concurrency} exited {proc.returncode}; log {client_log}:\n{tail}"
                            f"{server_state}")
     records, summary = read_records(out_dir / name)
@@ -126,7 +125,8 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
                    out_dir: Path, model_cache: str = "") -> dict[str, Any]:
     """Start a server for `toggles`, replay the workload's first `backend.num_requests` requests at each of
     `backend.concurrencies`, stop it; the cell's result (the headline: throughput per GPU at
-    `backend.target_interactivity`, NaN with the reason when the sweep does not bracket it)."""
+    `backend.target_interactivity`; left out of the metrics, with the reason in `slo`, when the points do not
+    bracket it)."""
     cfg = dataclasses.replace(engine_config(backend, model, toggles, model_cache), skip_tokenizer_init=False)
     cut = capped_trace(first_requests(trace, backend.num_requests), backend.max_prompt_tokens, backend.max_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -66,20 +66,24 @@ class Server:
         lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
         return "\n".join(lines[-num_lines:])
 
+    def log_excerpt(self) -> str:
+        """"log PATH:" and the log's tail, for an error about the server."""
+        return f"log {self.log_path}:\n{self.log_tail()}"
+
     def wait_ready(self, timeout: float) -> None:
         """Wait until `/v1/models` answers; RuntimeError with the log's tail if the server exits or times out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.is_running():
                 raise RuntimeError(
-                    f"vLLM server exited with code {self.process.returncode}; log {self.log_path}:\n{self.log_tail()}"
+                    f"vLLM server exited with code {self.process.returncode}; {self.log_excerpt()}"
                 )
             try:
                 self.request("/v1/models", timeout=5)
                 return
             except (OSError, RuntimeError):
                 time.sleep(1.0)
-        raise RuntimeError(f"vLLM server not ready after {timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+        raise RuntimeError(f"vLLM server not ready after {timeout:.0f} s; {self.log_excerpt()}")
 
     def stop(self, timeout: float = 30.0) -> int:
         """Stop the server; returns its exit code.
