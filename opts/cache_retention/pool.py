@@ -372,10 +372,11 @@ class HybridPool:
         self.free.note_finish(request.session, now_s, index)
 
 
-def own_key(index: int, position: int) -> tuple[int, int]:
+def own_key(index: int, position: int) -> int:
     """The name of content only request `index` holds (past its chunk ids) at `position` (a block index, or
-    the token count of its turn end): negative first, so no chunk id or other request's name equals it."""
-    return (-1 - index, position)
+    the token count of its turn end, < 2**32): negative, so no chunk's name (stream.name) or other request's
+    equals it."""
+    return -(index << 32) - position - 1
 
 
 def request_keys(request: CacheRequest, index: int, block_size: int, chunk_size: int) -> list:

@@ -13,6 +13,8 @@ from opts.cache_retention.geometry import CacheGeometry
 from opts.cache_retention.pool import CacheStats, Resume, replay
 from opts.cache_retention.stream import CacheStream
 
+NO_SESSIONS = "no session ids in the stream: session-aware retention runs as off"
+
 
 def resume_for(config: CacheRetentionConfig) -> Resume | None:
     """Where `config` resumes a turn, or None (no resume)."""
@@ -32,6 +34,6 @@ def run(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, config: C
     stream's `pool.stream_keys`, when several runs share them)."""
     if config.mode != "off" and not stream.has_sessions:
         stats = replay(stream, geometry, num_blocks, LruFreeList(), resume=None, keys=keys)
-        stats.info["fallback"] = "no session ids in the stream: session-aware retention runs as off"
+        stats.info["fallback"] = NO_SESSIONS
         return stats
     return replay(stream, geometry, num_blocks, free_list_for(config), resume=resume_for(config), keys=keys)

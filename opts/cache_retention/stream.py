@@ -3,7 +3,9 @@
 A request's tokens (prompt, then output) are named in chunks of `chunk_size` tokens: `chunk_ids[k]` names
 the content of chunk k *and everything before it* (the trace's hash ids), so two requests hold the same
 first n tokens exactly when they agree on the chunk holding token n-1. That is how a cache block of any
-size B is named: by the chunk holding its last token and the offset of its end in that chunk.
+size B is named: by the chunk holding its last token and the offset of its end in that chunk, the pair packed
+into one int (`name`): the replay looks names up millions of times, and a dict hashes an int about twice as fast
+as a pair.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PrefixKey = tuple[int, int]
+PrefixKey = int
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class CacheStream:
             if r.num_prompt_tokens < 1 or r.num_output_tokens < 1:
                 raise ValueError(f"{self._where(i)}prompt and output need >= 1 token, got {r.num_prompt_tokens} "
                                  f"and {r.num_output_tokens}")
+            if r.chunk_ids and min(r.chunk_ids) < 0:
+                raise ValueError(f"{self._where(i)}chunk_ids: {min(r.chunk_ids)} is negative; valid: ids >= 0")
             if len(r.chunk_ids) * self.chunk_size < r.num_prompt_tokens:
                 raise ValueError(f"{self._where(i)}chunk_ids: {len(r.chunk_ids)} chunks of {self.chunk_size} "
                                  f"do not cover the {r.num_prompt_tokens}-token prompt")
@@ -73,17 +77,23 @@ class CacheStream:
         return any(r.session is not None for r in self.requests)
 
 
+def name(chunk_id: int, offset: int, chunk_size: int) -> PrefixKey:
+    """The name of the content up to `offset` (1..chunk_size) tokens into chunk `chunk_id` (>= 0): one int per
+    pair, none negative (pool.own_key's names are)."""
+    return chunk_id * (chunk_size + 1) + offset
+
+
 def prefix_key(request: CacheRequest, num_tokens: int, chunk_size: int) -> PrefixKey:
     """The name of the request's first `num_tokens` tokens (> 0)."""
     chunk = (num_tokens - 1) // chunk_size
-    return request.chunk_ids[chunk], num_tokens - chunk * chunk_size
+    return request.chunk_ids[chunk] * (chunk_size + 1) + num_tokens - chunk * chunk_size
 
 
 def block_keys(request: CacheRequest, num_tokens: int, block_size: int, chunk_size: int) -> list[PrefixKey]:
     """Names of the full `block_size`-token blocks among the request's first `num_tokens` tokens."""
-    ids = request.chunk_ids
+    ids, stride = request.chunk_ids, chunk_size + 1
     keys = []
     for end in range(block_size, num_tokens + 1, block_size):
         chunk = (end - 1) // chunk_size
-        keys.append((ids[chunk], end - chunk * chunk_size))
+        keys.append(ids[chunk] * stride + end - chunk * chunk_size)
     return keys

@@ -21,7 +21,7 @@ from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.geometry import CacheGeometry
 from opts.cache_retention.pool import CacheStats, CapacityError, no_cycle_collection, stream_keys
 from opts.cache_retention.reference import block_uses, run_belady, run_unbounded
-from opts.cache_retention.retention import run
+from opts.cache_retention.retention import NO_SESSIONS, run
 from opts.cache_retention.stream import CacheStream
 
 POLICIES = ("off", "evict", "resume", "on", "belady")
@@ -188,6 +188,19 @@ def _run_cells(prepared: Prepared, cells: list[tuple[str, float, int]], workers:
         pool.join()
 
 
+def same_replay(stream: CacheStream, policies: Iterable[str]) -> dict[str, str]:
+    """Policies whose replay of `stream` is another one's, step for step: on a stream without session ids every
+    mode runs as off (`retention.run`'s fallback), so the sweep replays off once for all of them."""
+    if stream.has_sessions or "off" not in policies:
+        return {}
+    return {p: "off" for p in policies if p not in ("off", "belady")}
+
+
+def _copied_row(row: dict[str, Any], policy: str) -> dict[str, Any]:
+    return {**row, "policy": policy, "seconds": 0.0, "same_replay_as": row["policy"],
+            "fallback": NO_SESSIONS}
+
+
 def _ratio(on: float | None, off: float | None) -> float | None:
     if on is None or off is None or (off == 0 and on > 0):
         return None
@@ -283,16 +296,21 @@ def sweep(scenario: Scenario, fractions: Iterable[float] = FRACTIONS, policies: 
         uses = block_uses(stream, geometry, keys_of, unbounded) if "belady" in policies else None
     prepared = Prepared(stream, geometry, keys_of, uses)
     working = unbounded.info["working_set_blocks"]
-    cells = sorted(((p, f, num_blocks_at(working, f)) for f in fractions for p in policies),
+    same = same_replay(stream, policies)
+    cells = sorted(((p, f, num_blocks_at(working, f)) for f in fractions for p in policies if p not in same),
                    key=lambda cell: (-_COST[cell[0]], cell[1]))
     workers = min(workers or available_cores(), len(cells))
     done: dict[tuple[str, float], dict] = {}
+    total = len(fractions) * len(policies)
     for row in _run_cells(prepared, cells, workers):
-        done[row["policy"], row["fraction"]] = row
-        if progress:
-            result = f"hit {row['hit_rate']:.4f}" if row["feasible"] else "infeasible"
-            progress(f"[{len(done)}/{len(cells)}] {scenario.name} fraction {row['fraction']:g} "
-                     f"({row['num_blocks']} blocks) {row['policy']}: {result} ({row['seconds']:.1f} s)")
+        rows = [row] + [_copied_row(row, policy) for policy, runs in same.items() if runs == row["policy"]]
+        for r in rows:
+            done[r["policy"], r["fraction"]] = r
+            if progress:
+                result = f"hit {r['hit_rate']:.4f}" if r["feasible"] else "infeasible"
+                copied = f", the replay of {r['same_replay_as']}" if "same_replay_as" in r else ""
+                progress(f"[{len(done)}/{total}] {scenario.name} fraction {r['fraction']:g} "
+                         f"({r['num_blocks']} blocks) {r['policy']}: {result} ({r['seconds']:.1f} s{copied})")
     rows = [_row("unbounded", None, working, geometry, unbounded, None, unbounded_s)]
     rows += [done[p, f] for f in fractions for p in policies]
     return SweepResult(scenario=scenario.name, geometry=geometry.name, block_bytes=geometry.block_bytes,

@@ -14,6 +14,7 @@ from opts.__main__ import main
 from opts.cache_retention import K3_TP8, OPTIMIZATION, TINY, CacheRequest, CacheStream, HitRateCase, Scenario, sweep
 from opts.cache_retention.cases import bench_cases
 from opts.cache_retention.plot import plot_sweep
+from opts.cache_retention.retention import NO_SESSIONS
 from opts.cache_retention.runner import run_bench
 from opts.cache_retention.sweep import POLICIES, check_fractions, check_policies, num_blocks_at, run_policy
 
@@ -85,12 +86,39 @@ def test_cells_in_worker_processes_match_cells_here(result) -> None:
     lines: list[str] = []
     parallel = sweep(SMALL, FRACTIONS, workers=2, progress=lines.append)
     assert parallel.workers == 2 and len(lines) == len(FRACTIONS) * len(POLICIES)
-    assert lines[0].startswith("[1/20] small fraction 0.05 (2 blocks) belady: infeasible")
+    assert [line.split("]")[0] for line in lines] == [f"[{k}/20" for k in range(1, 21)]
+    assert any("] small fraction 0.05 (2 blocks) belady: infeasible (" in line for line in lines)
 
     def strip(rows):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
 
     assert strip(parallel.rows) == strip(result.rows)
+
+
+def sessionless_stream() -> CacheStream:
+    return dataclasses.replace(small_stream(), requests=tuple(dataclasses.replace(r, session=None, continues=None)
+                                                              for r in small_stream().requests))
+
+
+def test_a_stream_without_sessions_replays_off_once_for_every_mode() -> None:
+    """Every mode runs as off there (retention.run's fallback): the sweep copies off's row, and each copy is what
+    a replay of that mode gives."""
+    lines: list[str] = []
+    got = sweep(Scenario("plain", sessionless_stream, TINY), FRACTIONS, workers=1, progress=lines.append)
+    assert len(lines) == len(FRACTIONS) * len(POLICIES)
+    assert sum("the replay of off" in line for line in lines) == 3 * len(FRACTIONS)
+    for fraction in FRACTIONS:
+        off = got.row("off", fraction)
+        for mode in ("evict", "resume", "on"):
+            row = got.row(mode, fraction)
+            assert row["same_replay_as"] == "off" and row["fallback"] == NO_SESSIONS
+            if not row["feasible"]:
+                assert not off["feasible"]
+                continue
+            replayed = run_policy(sessionless_stream(), TINY, mode, row["num_blocks"]).summary()
+            assert {k: row[k] for k in replayed if k in row} == {k: replayed[k] for k in replayed if k in row}
+            assert row["hit_rate"] == off["hit_rate"]
+        assert "same_replay_as" not in got.row("belady", fraction)
 
 
 def test_bad_fractions_and_policies_are_named() -> None:

@@ -9,7 +9,7 @@ from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.pool import Resume, replay
 from opts.cache_retention.reference import run_unbounded
 from opts.cache_retention.retention import run
-from opts.cache_retention.stream import CacheStream
+from opts.cache_retention.stream import CacheStream, name
 
 
 def two_sessions(times: list[float]) -> CacheStream:
@@ -43,7 +43,8 @@ def test_two_sessions_resume_at_their_turn_end():
     stats = replay(stream, TOY, 8, free_list, resume=Resume())
     assert stats.hits == [0, 0, 8, 8] and stats.num_resumes == 2
     a4, b4 = chunk_ids(tokens("a", 4), 4)[0], chunk_ids(tokens("b", 4), 4)[0]
-    assert [key for time_s, _, key in free_list.pops if time_s == 2] == [("s", 0, (a4, 4)), ("s", 0, (b4, 4))]
+    evicted = [key for time_s, _, key in free_list.pops if time_s == 2]
+    assert evicted == [("s", 0, name(a4, 4, 4)), ("s", 0, name(b4, 4, 4))]
 
 
 def test_evict_takes_an_idle_sessions_blocks_first():
@@ -83,8 +84,8 @@ def test_a_shared_prefix_outlives_an_idle_sessions_block_under_evict():
     live): P/2 hits 8."""
     stream = sub_agent_stream()
     p8, q4 = chunk_ids(tokens("p", 8), 8)[1], chunk_ids(tokens("q", 4), 4)[0]
-    cases = [(recording(LruFreeList)(), [0, 8, 0, 0, 0], ("s", 0, (p8, 4))),
-             (recording(SessionFreeList)(1.0), [0, 8, 0, 0, 8], ("s", 0, (q4, 4)))]
+    cases = [(recording(LruFreeList)(), [0, 8, 0, 0, 0], ("s", 0, name(p8, 4, 4))),
+             (recording(SessionFreeList)(1.0), [0, 8, 0, 0, 8], ("s", 0, name(q4, 4, 4)))]
     for free_list, hit, evicted in cases:
         stats = replay(stream, TOY, 11, free_list, resume=None)
         assert stats.hits == hit

@@ -10,7 +10,7 @@ from opts.cache_retention.geometry import TINY
 from opts.cache_retention.pool import request_keys
 from opts.cache_retention.reference import run_unbounded
 from opts.cache_retention.retention import run
-from opts.cache_retention.stream import CacheStream, block_keys, prefix_key
+from opts.cache_retention.stream import CacheStream, block_keys, name, prefix_key
 
 
 def sixteen_token_trace() -> Trace:
@@ -36,8 +36,8 @@ def test_tiny_blocks_of_128_over_chunks_of_16():
     block 2 ends past them) hit 256; resume: turn 1 at 399."""
     stream = cache_stream(sixteen_token_trace())
     first = stream.requests[0]
-    assert request_keys(first, 0, 128, 16) == [(7, 16), (15, 16), (23, 16)]
-    assert prefix_key(first, 399, 16) == (24, 15)
+    assert request_keys(first, 0, 128, 16) == [name(7, 16, 16), name(15, 16, 16), name(23, 16, 16)]
+    assert prefix_key(first, 399, 16) == name(24, 15, 16)
     assert run_unbounded(stream, TINY).hits == [0, 399, 256]
     expected = {"off": [0, 256, 256], "evict": [0, 256, 256], "resume": [0, 399, 256], "on": [0, 399, 256]}
     for mode, hits in expected.items():
@@ -47,7 +47,8 @@ def test_tiny_blocks_of_128_over_chunks_of_16():
 def test_blocks_of_4_over_chunks_of_6():
     """Blocks end at 4, 8, 12: chunk 0 offset 4, chunk 1 offset 2, chunk 1 offset 6."""
     r = request(0, 1, tokens("x", 18), 14, 4, chunk_size=6)
-    assert block_keys(r, 12, 4, 6) == [(r.chunk_ids[0], 4), (r.chunk_ids[1], 2), (r.chunk_ids[1], 6)]
+    ids = r.chunk_ids
+    assert block_keys(r, 12, 4, 6) == [name(ids[0], 4, 6), name(ids[1], 2, 6), name(ids[1], 6, 6)]
 
 
 @pytest.mark.parametrize(("num_shared", "hit", "unbounded"), [(12, 12, 12), (6, 0, 4)])
