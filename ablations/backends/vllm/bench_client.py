@@ -16,7 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ablations.backends.vllm.runtime import vllm_process_env
 from ablations.metrics import RequestRecord
+from ablations.workload.io import write_trace
+from ablations.workload.trace import Trace
 
 MODULE = "ablations.backends.vllm.bench_client"
 
@@ -57,6 +60,29 @@ def read_records(path: str | Path) -> tuple[list[RequestRecord], dict[str, Any]]
                                     "request_throughput", "output_throughput", "total_token_throughput",
                                     "max_concurrency") if k in data}
     return records, summary
+
+
+class VllmBenchClient:
+    """The serving cell's `vllm_bench` client: the trace as a `timed_trace` file, one `vllm bench serve` per
+    concurrency point."""
+
+    name = "vllm_bench"
+
+    def prepare(self, trace: Trace, out_dir: Path, model: str, model_dir: Path, vocab_size: int) -> None:
+        self.out_dir, self.model, self.tokenizer = out_dir, model, str(model_dir)
+        self.block_size, self.num_requests = trace.block_size, len(trace.requests)
+        self.trace_path = write_trace(trace, out_dir / "serve_trace.jsonl", form="timed_trace")
+
+    def command(self, base_url: str, concurrency: int) -> tuple[list[str], dict[str, str], Path]:
+        """(argv, environment, what `read` takes) of one concurrency point."""
+        name = f"client_c{concurrency}.json"
+        (self.out_dir / name).unlink(missing_ok=True)
+        args = client_args(base_url, self.model, self.tokenizer, self.trace_path, self.block_size, self.num_requests,
+                           concurrency, self.out_dir, name)
+        return [sys.executable, "-m", MODULE, *args], vllm_process_env(), self.out_dir / name
+
+    def read(self, result: Path) -> tuple[list[RequestRecord], dict[str, Any]]:
+        return read_records(result)
 
 
 def main(argv: list[str] | None = None) -> int:

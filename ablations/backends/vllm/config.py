@@ -187,7 +187,7 @@ class EngineSettings:
 # replay: the engine in this process, the workload replayed by its schedule (cell.py); serve: an OpenAI server per
 # cell and a client at each concurrency (serve_cell.py).
 MODES = ("replay", "serve")
-CLIENTS = ("vllm_bench",)
+CLIENTS = ("vllm_bench", "aiperf")
 
 
 @dataclass

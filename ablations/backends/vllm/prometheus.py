@@ -1,5 +1,6 @@
 """vLLM's own counters, read from a server's `/metrics` (Prometheus text): prefix-cache queries and hits,
-spec-decode drafts, draft tokens and accepted tokens (in all and per position), preemptions, requests."""
+spec-decode drafts, draft tokens and accepted tokens (in all and per position), preemptions, prompt and generated
+tokens, finished requests."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ COUNTERS = {
     "num_preemptions": "vllm:num_preemptions",
     "prompt_tokens": "vllm:prompt_tokens",
     "generation_tokens": "vllm:generation_tokens",
+    "requests_finished": "vllm:request_success",
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 

@@ -21,23 +21,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.bench_client import MODULE as CLIENT_MODULE
-from ablations.backends.vllm.bench_client import client_args, read_records
+from ablations.backends.vllm.aiperf_client import AiperfClient
+from ablations.backends.vllm.bench_client import VllmBenchClient
 from ablations.backends.vllm.cell import NUM_DEVICES, PROCESS_DIR, cell_metrics, fired, first_requests
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
 from ablations.backends.vllm.engine import engine_config, engine_kwargs, server_args
 from ablations.backends.vllm.prometheus import difference, read_counters
-from ablations.backends.vllm.runtime import vllm_process_env
 from ablations.backends.vllm.server import SERVER_MODULE, Server, start_server
 from ablations.backends.vllm.toggles import read_records as read_patch_records
 from ablations.cells import write_result
 from ablations.metrics import SweepPoint, steady_window, summarize, throughput_at_slo
-from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace, num_blocks
 
 log = logging.getLogger("ablations")
-SERVER_LOG, TRACE_FILE, POINT_FILE = "server.log", "serve_trace.jsonl", "point_c{concurrency}.json"
+SERVER_LOG, POINT_FILE = "server.log", "point_c{concurrency}.json"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"     # exposes POST /reset_prefix_cache, which each point starts with
 
 
@@ -70,40 +68,57 @@ def _reset_prefix_cache(server: Server, attempts: int = 20) -> None:
     raise RuntimeError(f"vLLM server: /reset_prefix_cache refused {attempts} times; log {server.log_path}")
 
 
-def _point(server: Server, out_dir: Path, trace_path: Path, cut: Trace, concurrency: int, timeout_s: float,
-           tokenizer: str) -> dict[str, Any]:
+def make_client(name: str):
+    """The client object of `backend.client` (aiperf builds its venv here, before any server starts)."""
+    if name == "aiperf":
+        return AiperfClient()
+    return VllmBenchClient()
+
+
+def _progress(server: Server, before: dict[str, Any], total: int, concurrency: int, start: float) -> None:
+    try:
+        done = difference(_counters(server), before)["requests_finished"]
+    except RuntimeError:
+        return
+    log.info("vllm serve: concurrency %d: %d of %d requests answered after %.0f s", concurrency, done, total,
+             time.perf_counter() - start)
+
+
+def _point(server: Server, client, out_dir: Path, num_requests: int, concurrency: int, timeout_s: float,
+           progress_s: float = 30.0) -> dict[str, Any]:
     """One concurrency point: the client's replay, its records and summary, vLLM's counters over it."""
-    name = f"client_c{concurrency}.json"
     _reset_prefix_cache(server)
-    args = client_args(server.url, server.model, tokenizer, trace_path, cut.block_size, len(cut.requests),
-                       concurrency, out_dir, name)
+    argv, env, result = client.command(server.url, concurrency)
     before = _counters(server)
     client_log = out_dir / f"client_c{concurrency}.log"
-    start = time.perf_counter()
+    start = next_report = time.perf_counter()
     with client_log.open("w") as out:
-        out.write("$ " + " ".join([sys.executable, "-m", CLIENT_MODULE, *args]) + "\n")
+        out.write("$ " + " ".join(argv) + "\n")
         out.flush()
-        proc = subprocess.Popen([sys.executable, "-m", CLIENT_MODULE, *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=vllm_process_env())
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             while proc.poll() is None:
                 if not server.is_running():
                     raise RuntimeError(f"vLLM server died during the replay at concurrency {concurrency} (exit "
                                        f"{server.process.returncode}); {server.log_excerpt()}")
-                if time.perf_counter() - start > timeout_s:
-                    raise RuntimeError(f"client at concurrency {concurrency}: no result after {timeout_s:.0f} s; "
-                                       f"log {client_log}")
+                now = time.perf_counter()
+                if now - start > timeout_s:
+                    raise RuntimeError(f"{client.name} client at concurrency {concurrency}: no result after "
+                                       f"{timeout_s:.0f} s; log {client_log}")
+                if now >= next_report + progress_s:
+                    next_report = now
+                    _progress(server, before, num_requests, concurrency, start)
                 time.sleep(0.5)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    if proc.returncode != 0 or not (out_dir / name).is_file():
+    if proc.returncode != 0 or not result.exists():
         tail = "\n".join(client_log.read_text(errors="replace").splitlines()[-20:])
         server_state = "" if server.is_running() else f"; the server died, {server.log_excerpt()}"
-        raise RuntimeError(f"client at concurrency {concurrency} exited {proc.returncode}; log {client_log}:\n{tail}"
-                           f"{server_state}")
-    records, summary = read_records(out_dir / name)
+        raise RuntimeError(f"{client.name} client at concurrency {concurrency} exited {proc.returncode}; log "
+                           f"{client_log}:\n{tail}{server_state}")
+    records, summary = client.read(result)
     counters = difference(_counters(server), before)
     window = steady_window(records)
     steady = summarize(records, NUM_DEVICES, window)
@@ -130,7 +145,7 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
     cfg = dataclasses.replace(engine_config(backend, model, toggles, model_cache), skip_tokenizer_init=False)
     cut = capped_trace(first_requests(trace, backend.num_requests), backend.max_prompt_tokens, backend.max_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
-    trace_path = write_trace(cut, out_dir / TRACE_FILE, form="timed_trace")
+    client = make_client(backend.client)
     process_dir = out_dir / PROCESS_DIR
     log.info("vllm serve: starting the server for %s (%s) with toggles %s; log %s", model.name, backend.platform,
              cfg.toggles, out_dir / SERVER_LOG)
@@ -140,12 +155,12 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
     points = []
     try:
         start_s = time.perf_counter() - t0
-        log.info("vllm serve: server up in %.1f s at %s; %d requests per point, concurrencies %s", start_s,
-                 server.url, len(cut.requests), list(backend.concurrencies))
+        log.info("vllm serve: server up in %.1f s at %s; %d requests per point, concurrencies %s, client %s",
+                 start_s, server.url, len(cut.requests), list(backend.concurrencies), client.name)
+        client.prepare(cut, out_dir, server.model, Path(cfg.resolved_model_dir()), model.vocab_size)
         for k, concurrency in enumerate(backend.concurrencies, 1):
             log.info("vllm serve: [point %d/%d] concurrency %d", k, len(backend.concurrencies), concurrency)
-            points.append(_point(server, out_dir, trace_path, cut, concurrency, backend.replay_timeout_s,
-                                 str(cfg.resolved_model_dir())))
+            points.append(_point(server, client, out_dir, len(cut.requests), concurrency, backend.replay_timeout_s))
             write_result(out_dir / POINT_FILE.format(concurrency=concurrency), points[-1])   # kept if a later one fails
     finally:
         code = server.stop()

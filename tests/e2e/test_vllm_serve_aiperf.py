@@ -1,0 +1,89 @@
+"""Serving cells with the aiperf client (`backend.client=aiperf`): aiperf from its own venv replays the workload's
+sessions as a Mooncake trace (think times, session ids in `vllm_xargs`) against a fresh server per cell.
+
+In `make test`: one full cell. Marked `heavy` (`make test-heavy`): both clients on one cell agree, and evict
+raises the served hit rate over off under capacity pressure, seen in vLLM's own counters."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import procs
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+CELL = ["backend=vllm", "backend.mode=serve", "model=k3_tiny", "workload.start=zero", "backend.target_interactivity=1"]
+
+
+def run_cell(out_dir: Path, *overrides: str, timeout_s: float = 900) -> dict:
+    """`python -m ablations` for one serving cell writing into `out_dir`; its result.json."""
+    proc = procs.run([sys.executable, "-m", "ablations", *CELL, *overrides, f"hydra.run.dir={out_dir}"],
+                     timeout_s=timeout_s)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result["status"] == "ok", result.get("error_detail") or result.get("error")
+    return result
+
+
+def totals(point: dict) -> tuple[int, int, int]:
+    requests = point["requests"]
+    return (len(requests), sum(r["input_tokens"] for r in requests), sum(r["output_tokens"] for r in requests))
+
+
+def test_an_aiperf_cell_replays_the_sessions_and_vllm_counts_what_aiperf_sent(tmp_path):
+    """Six agentx_small requests, two live sessions: every request answered, aiperf's token counts are vLLM's own
+    (prompt and generated tokens from /metrics), each row carries its session, and the trace's prompts are the
+    capped lengths the cell meant to send."""
+    result = run_cell(tmp_path, "workload=agentx_small", "backend.client=aiperf", "backend.num_requests=6",
+                      "backend.concurrencies=[2]")
+    cell = result["cell"]
+    assert cell["client"] == "aiperf" and [p["concurrency"] for p in result["points"]] == [2]
+    point = cell["point_details"][0]
+    count, prompt, output = totals(point)
+    rows = [json.loads(line) for line in (tmp_path / "aiperf_trace.jsonl").read_text().splitlines()]
+    assert count == len(rows) == 6
+    assert prompt == sum(len(r["payload"]["prompt"]) for r in rows)
+    assert output == sum(r["output_length"] for r in rows)
+    counters = point["vllm_counters"]
+    assert (counters["prompt_tokens"], counters["generation_tokens"], counters["requests_finished"]) == (
+        prompt, output, 6)
+    assert all(r["payload"]["vllm_xargs"]["k3_session"] == r["session_id"] for r in rows)
+    assert len({r["session_id"] for r in rows}) < 6, "the cut holds later turns of a session"
+    assert (tmp_path / "aiperf_c2" / "profile_export.jsonl").is_file()
+    assert result["metrics"]["num_requests"] == 6 and result["metrics"]["total_throughput"] > 0
+
+
+@pytest.mark.heavy
+def test_both_clients_record_the_same_requests_and_throughput_within_ten_percent(tmp_path):
+    """One cell (all off) on a trace without sessions, replayed by each client at concurrencies 1 and 2: the same
+    requests in the same order. Request count and token totals agree exactly; total throughput within 10%."""
+    common = ["workload=mooncake_synthetic", "backend.num_requests=8", "backend.concurrencies=[1,2]"]
+    bench = run_cell(tmp_path / "vllm_bench", *common, "backend.client=vllm_bench")
+    aiperf = run_cell(tmp_path / "aiperf", *common, "backend.client=aiperf")
+    for a, b in zip(bench["cell"]["point_details"], aiperf["cell"]["point_details"], strict=True):
+        assert totals(a) == totals(b)
+        ratio = b["metrics"]["total_throughput"] / a["metrics"]["total_throughput"]
+        print(f"concurrency {a['concurrency']}: vllm_bench {a['metrics']['total_throughput']:.1f}, aiperf "
+              f"{b['metrics']['total_throughput']:.1f} tokens/s ({ratio:.3f})")
+        assert abs(ratio - 1) <= 0.10
+
+
+@pytest.mark.heavy
+def test_evict_raises_the_served_hit_rate_over_off_under_capacity(tmp_path):
+    """agentx_small's first 40 requests through aiperf (sessions in vllm_xargs, three live at once, prompts cut to
+    2000 tokens) into a pool of 88 blocks: vLLM's own prefix-cache counters show more hits with evict than with
+    stock vLLM; the replay (over 30 s) reports its progress."""
+    common = ["workload=agentx_small", "backend.client=aiperf", "backend.num_requests=40", "backend.concurrencies=[3]",
+              "backend.num_gpu_blocks_override=88", "backend.max_model_len=2048", "backend.max_prompt_tokens=2000",
+              "backend.max_tokens=32"]
+    rates = {}
+    for mode in ("off", "evict"):
+        result = run_cell(tmp_path / mode, *common, f"opts/cache_retention={mode}")
+        counters = result["cell"]["point_details"][0]["vllm_counters"]
+        rates[mode] = counters["prefix_cache_hits"] / counters["prefix_cache_queries"]
+        assert "of 40 requests answered after" in (tmp_path / mode / "__main__.log").read_text()
+    print(f"served hit rate: off {rates['off']:.4f}, evict {rates['evict']:.4f}")
+    assert rates["evict"] > rates["off"]
