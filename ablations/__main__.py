@@ -25,6 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ablations.backends.vllm.cell import PROCESS_DIR, not_fired, run_cell
+from ablations.backends.vllm.commands import COMMANDS_FILE, gpu_commands, script
 from ablations.backends.vllm.serve_cell import run_serve_cell
 from ablations.cells import (
     RESULT_FILE,
@@ -82,7 +83,17 @@ def run(app: AppConfig, out_dir: Path, config: dict | None = None, players: tupl
               "metrics": {k: stats[k] for k in WORKLOAD_METRICS if k in stats}}
     log.info("workload %s:\n%s", app.workload.name, format_stats(stats))
     out_dir.mkdir(parents=True, exist_ok=True)
-    if app.backend is not None:
+    if app.backend is not None and app.backend.print_commands:
+        commands = gpu_commands(app.backend, app.model, app.hardware, result["toggles"], trace, out_dir)
+        text = script(commands, app.backend.client)
+        (out_dir / COMMANDS_FILE).write_text(text)
+        print(text, end="")
+        log.info("commands for %s (%s client): %s", app.hardware.name, app.backend.client, out_dir / COMMANDS_FILE)
+        result["commands"] = commands
+    elif app.backend is not None:
+        if app.model.checkpoint and app.backend.platform == "cpu":
+            raise ValueError(f"model.checkpoint: {app.model.checkpoint!r} is a full-size model, not one vLLM-CPU "
+                             "runs here; backend.print_commands=true prints its commands for a GPU node")
         if app.backend.mode == "serve":
             cell = run_serve_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.paths.model_cache)
         else:

@@ -17,9 +17,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ablations.backends.vllm.commands import node_config
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.engine import engine_config, engine_kwargs
 from ablations.experiment import AblationConfig, cell_vector, design_cells, label
+from ablations.hardware import HardwareConfig
 from ablations.paths import PathsConfig
 from ablations.workload.config import WorkloadConfig
 from ablations.workload.config import register_configs as register_workload
@@ -31,9 +33,11 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 ROOT_SCHEMA = "app_schema"
 MODEL_SCHEMA = "model_schema"
 BACKEND_SCHEMA = "backend_schema"
+HARDWARE_SCHEMA = "hardware_schema"
 PATHS_SCHEMA = "paths_schema"
 OPTS_GROUP = "opts"
-GROUPS = ("experiment", "model", "workload", "backend", "paths", *(f"{OPTS_GROUP}/{name}" for name in OPTIMIZATIONS))
+GROUPS = ("experiment", "model", "workload", "backend", "hardware", "paths",
+          *(f"{OPTS_GROUP}/{name}" for name in OPTIMIZATIONS))
 
 
 
@@ -82,6 +86,7 @@ class AppConfig:
     model: ModelConfig = MISSING
     opts: OptsConfig = field(default_factory=OptsConfig)  # type: ignore[valid-type]
     backend: VllmBackendConfig | None = None
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
     save_trace: bool = False
@@ -92,7 +97,9 @@ class AppConfig:
         if not self.result_file or Path(self.result_file).name != self.result_file:
             raise ValueError(f"AppConfig.result_file: {self.result_file!r} is not a plain file name")
         vector = self.toggles()
-        if self.backend is not None:
+        if self.backend is not None and self.backend.print_commands:    # checked on the node it prints for
+            node_config(self.backend, self.model, self.hardware, vector_dict(vector))
+        elif self.backend is not None:
             engine_config(self.backend, self.model, vector_dict(vector), self.paths.model_cache)
 
     def toggles(self) -> dict[str, ToggleConfig]:
@@ -177,6 +184,7 @@ def register_configs() -> None:
     cs.store(name=ROOT_SCHEMA, node=AppConfig)
     cs.store(name=MODEL_SCHEMA, node=ModelConfig)
     cs.store(name=BACKEND_SCHEMA, node=VllmBackendConfig)
+    cs.store(name=HARDWARE_SCHEMA, node=HardwareConfig)
     cs.store(name=PATHS_SCHEMA, node=PathsConfig)
     register_workload(cs)
 

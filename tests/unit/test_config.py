@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from unittest.mock import ANY
 
 import procs
 import pytest
@@ -25,6 +26,21 @@ from opts.registry import OPTIMIZATIONS
 VLLM_BACKEND = {**{f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items() if v is not None},
                 "backend.max_num_batched_tokens": 64, "backend.enable_prefix_caching": True}
 MOONCAKE = {"workload.preset": None, "workload.block_size": 512, "workload.schedule": "open"}
+# The options whose mandatory value the entry-point test gives (kimi_k3's checkpoint is the user's).
+NEEDS = {("model", "kimi_k3"): ["model.checkpoint=/ckpt"]}
+
+
+def gpu_node(name: str, platform: str, device: str, memory: float, bandwidth: float, bf16: float, fp4: float,
+             price: float) -> dict:
+    """What a GPU node's hardware option changes: its figures, and a source for every known one."""
+    figures = {"memory_gb": memory, "bandwidth_tb_s": bandwidth, "peak_bf16_tflops": bf16, "peak_fp4_tflops": fp4,
+               "price_per_gpu_hour": price}
+    out = {"hardware.name": name, "hardware.platform": platform, "hardware.device": device,
+           "hardware.num_devices": 8, **{f"hardware.{k}": v for k, v in figures.items() if v}}
+    out.update({f"hardware.sources.{k}": ANY for k, v in figures.items() if v})
+    return out
+
+
 # What each option of each group changes in the default composition (`python -m ablations` with no overrides).
 CHANGES = {
     "experiment": {
@@ -38,7 +54,13 @@ CHANGES = {
                  "workload.start": "zero", **VLLM_BACKEND, "backend.num_requests": 8,
                  "opts.cache_retention.resume_from": "prompt_tail", "opts.cache_retention.resume_unit": 16},
     },
-    "model": {"k3_tiny": {}},
+    "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"}},
+    "hardware": {
+        "cpu": {},
+        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5)},
+        "b300_x8": {**gpu_node("b300_x8", "cuda", "NVIDIA B300", 288.0, 8.0, 2250.0, 13500.0, 2.26)},
+        "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0)},
+    },
     "paths": {"default": {}},
     "backend": {"vllm": VLLM_BACKEND},
     "opts/aiter_mla": {"off": {}, "on": {"opts.aiter_mla.mode": "on"}},
@@ -94,7 +116,16 @@ def test_every_option_of_every_group_is_listed_here():
 
 @pytest.mark.parametrize(("group", "option"), ENTRY_POINTS, ids=[f"{g}={o}" for g, o in ENTRY_POINTS])
 def test_each_entry_point_changes_exactly_what_it_should(group, option):
-    assert changes([f"{group}={option}"]) == CHANGES[group][option]
+    assert changes([f"{group}={option}", *NEEDS.get((group, option), [])]) == CHANGES[group][option]
+
+
+def test_kimi_k3_without_its_checkpoint_names_the_missing_value(monkeypatch):
+    monkeypatch.delenv("K3_CHECKPOINT", raising=False)
+    with pytest.raises(Exception, match=r"Environment variable 'K3_CHECKPOINT' not found") as caught:
+        compose_app(["model=kimi_k3"])
+    assert caught.value.full_key == "model.checkpoint"
+    monkeypatch.setenv("K3_CHECKPOINT", "/from/env")
+    assert compose_app(["model=kimi_k3"]).model.checkpoint == "/from/env"
 
 
 def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
@@ -112,11 +143,11 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload, backend, paths, "
-                   "opts/aiter_mla, opts/kda_overlap, opts/fusion, opts/cache_retention, opts/moe_dedup, "
+        ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload, backend, hardware, "
+                   "paths, opts/aiter_mla, opts/kda_overlap, opts/fusion, opts/cache_retention, opts/moe_dedup, "
                    "opts/draft_length; "
-                   "fields: ablation, backend, model, opts, paths, result_file, save_trace, tags, workload"),
-        ("opts/kda=on", "opts/kda: unknown group; groups: experiment, model, workload, backend, paths, "),
+                   "fields: ablation, backend, hardware, model, opts, paths, result_file, save_trace, tags, workload"),
+        ("opts/kda=on", "opts/kda: unknown group; groups: experiment, model, workload, backend, hardware, paths, "),
         ("opts/kda_overlap=fast", "opts/kda_overlap: unknown option 'fast'; valid options: off, on, streams"),
         ("opts.kda_overlap.chunk=8", "opts.kda_overlap: unknown field(s) chunk; valid fields: chunk_size, mode"),
         ("opts.kda_overlap.chunk_size=33", "opts.kda_overlap: KdaOverlapConfig.chunk_size: invalid value 33"),

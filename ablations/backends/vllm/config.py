@@ -57,10 +57,13 @@ def check_types(obj: Any) -> None:
 class ModelConfig:
     """A tiny K3-family model: KDA and MLA layers mixed, latent MoE, MTP head.
 
-    `kda_layers` are 1-based (the checkpoint convention); every other layer is MLA.
+    `kda_layers` are 1-based (the checkpoint convention); every other layer is MLA. `checkpoint` (a local path
+    or a Hugging Face id) serves that real checkpoint instead, whose own config.json then defines the model
+    (`conf/model/kimi_k3.yaml`; on GPU nodes, through `backend.print_commands`); the other fields are unused.
     """
 
     name: str = "k3_tiny"
+    checkpoint: str = ""
     architecture: str = "KimiK3ForConditionalGeneration"
     dtype: str = "float32"
     seed: int = 0
@@ -210,6 +213,7 @@ class VllmBackendConfig(EngineSettings):
     target_interactivity: float = 50.0
     server_timeout_s: int = 300
     replay_timeout_s: int = 600
+    print_commands: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -78,7 +78,7 @@ class EngineConfig(EngineSettings):
                 raise _bad(name, getattr(self, name), "a positive integer")
         if self.shutdown_timeout_s < 0:
             raise _bad("shutdown_timeout_s", self.shutdown_timeout_s, "0 (kill at once) or a positive integer")
-        if self.max_model_len > self.model.max_position_embeddings:
+        if self.max_model_len > self.model.max_position_embeddings and not self.model.checkpoint:
             raise _bad("max_model_len", self.max_model_len,
                        f"1..{self.model.max_position_embeddings} (model.max_position_embeddings)")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens <= 0:
@@ -150,6 +150,8 @@ class EngineConfig(EngineSettings):
         return self.served_model_name or self.model.name
 
     def resolved_model_dir(self) -> Path:
+        if self.model.checkpoint:
+            return Path(self.model.checkpoint)
         if self.model_dir:
             return Path(self.model_dir)
         from ablations.backends.vllm.tiny_model import config_digest
@@ -158,7 +160,9 @@ class EngineConfig(EngineSettings):
         return cache / f"{self.model.name}-{config_digest(self.model)}"
 
     def ensure_model_dir(self) -> Path:
-        """Write the model directory if it is missing or stale; returns it."""
+        """Write the model directory if it is missing or stale; returns it (a checkpoint is used as it is)."""
+        if self.model.checkpoint:
+            return self.resolved_model_dir()
         return write_model_dir(self.model, self.resolved_model_dir())
 
     def speculative_config(self) -> dict[str, Any] | None:
@@ -175,13 +179,13 @@ class EngineConfig(EngineSettings):
 
 def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` / `EngineArgs` for `cfg` (the model dir must exist)."""
+    tiny = not cfg.model.checkpoint    # a real checkpoint: its own weights and dtype, CUDA/HIP graphs
     kwargs: dict[str, Any] = dict(
         model=str(cfg.resolved_model_dir()),
         served_model_name=cfg.served_name,
-        load_format=LOAD_FORMAT,
-        model_loader_extra_config={"seed": cfg.model.seed},
-        dtype=cfg.model.dtype,
-        enforce_eager=True,
+        load_format=LOAD_FORMAT if tiny else "auto",
+        dtype=cfg.model.dtype if tiny else "auto",
+        enforce_eager=tiny,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
         enable_prefix_caching=cfg.enable_prefix_caching,
@@ -191,6 +195,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
         disable_log_stats=not cfg.log_stats,
         shutdown_timeout=cfg.shutdown_timeout_s,
     )
+    if tiny:
+        kwargs["model_loader_extra_config"] = {"seed": cfg.model.seed}
     if cfg.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
     if cfg.num_gpu_blocks_override is not None:
@@ -231,7 +237,6 @@ def server_args(cfg: EngineConfig) -> list[str]:
         "--model", kw.pop("model"),
         "--served-model-name", kw.pop("served_model_name"),
         "--load-format", kw.pop("load_format"),
-        "--model-loader-extra-config", json.dumps(kw.pop("model_loader_extra_config")),
         "--dtype", kw.pop("dtype"),
         "--max-model-len", str(kw.pop("max_model_len")),
         "--max-num-seqs", str(kw.pop("max_num_seqs")),
@@ -241,6 +246,8 @@ def server_args(cfg: EngineConfig) -> list[str]:
         "--enable-prefix-caching" if kw.pop("enable_prefix_caching") else "--no-enable-prefix-caching",
         "--enable-chunked-prefill" if kw.pop("enable_chunked_prefill") else "--no-enable-chunked-prefill",
     ]
+    if "model_loader_extra_config" in kw:
+        args += ["--model-loader-extra-config", json.dumps(kw.pop("model_loader_extra_config"))]
     if kw.pop("skip_tokenizer_init"):
         args.append("--skip-tokenizer-init")
     if kw.pop("disable_log_stats"):

