@@ -208,7 +208,7 @@ class VllmBackendConfig(EngineSettings):
     max_prompt_tokens: int = 512
     max_tokens: int = 16
     mode: str = "replay"
-    client: str = "vllm_bench"
+    client: str = "aiperf"
     concurrencies: list[int] = field(default_factory=lambda: [1, 2, 4])
     target_interactivity: float = 50.0
     server_timeout_s: int = 300
