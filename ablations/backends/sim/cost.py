@@ -1,0 +1,327 @@
+"""The simulator's step cost: FLOPs and bytes per rank of one engine step of full-size Kimi K3, per layer type,
+from the real shapes in `opts.k3.K3` and the dtypes of `SimModel`; README.md writes the formulas out.
+
+A step is a list of `Seq`s (each request's new tokens and the context before them, and whether they are a prefill
+chunk, a decode token or a verification of drafts). `step_costs` gives one `Cost` per kernel class, per rank under
+`Parallel` (attention and dense layers tensor parallel over `tp` ranks; routed experts over `tp` ranks by expert
+(EP) or by intermediate slice (TP)); `kernel_time` turns a Cost into seconds on a roofline. Efficiencies, launch
+costs and overheads are the hardware profile's, never this module's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opts.k3 import K3, K3Spec
+
+KINDS = ("prefill", "decode", "verify")
+MOE_SPLITS = ("ep", "tp")
+MXFP4_BYTES = 0.5 + 1 / 32      # a 4-bit value, and one 8-bit scale per 32 values
+
+
+@dataclass(frozen=True)
+class SimModel:
+    """K3's shapes (`spec`), the sizes its spec does not give (each assumed, from Kimi K2's published config:
+    README.md), and the bytes per element of each tensor class."""
+
+    spec: K3Spec = K3
+    vocab_size: int = 163840            # assumed (Kimi K2)
+    dense_intermediate: int = 18432     # assumed (Kimi K2's dense layer)
+    num_dense_layers: int = 1           # layer 1 a dense FFN (DESIGN.md)
+    kda_chunk: int = 64                 # the chunked KDA prefill's chunk (fla / vLLM's kernels)
+    weight_bytes: float = 2.0           # bf16 attention, dense and shared-expert weights (assumed)
+    expert_bytes: float = MXFP4_BYTES   # MXFP4 routed experts
+    kv_bytes: float = 2.0               # bf16 latent cache; 1.0 for fp8
+    state_bytes: float = 4.0            # fp32 KDA recurrent state
+    conv_bytes: float = 2.0             # the short conv's state, in the model dtype
+    act_bytes: float = 2.0              # bf16 activations
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dense_intermediate", "kda_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SimModel.{name}: invalid value {value!r}; valid: an integer >= 1")
+        if not 0 <= self.num_dense_layers < self.spec.num_layers:
+            raise ValueError(f"SimModel.num_dense_layers: invalid value {self.num_dense_layers!r}; valid: 0.."
+                             f"{self.spec.num_layers - 1}")
+        for name in ("weight_bytes", "expert_bytes", "kv_bytes", "state_bytes", "conv_bytes", "act_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SimModel.{name}: invalid value {getattr(self, name)!r}; valid: bytes > 0")
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.spec.num_layers - self.num_dense_layers
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """`tp` ranks; attention heads, dense and shared-expert layers split over them; routed experts split by
+    expert (`moe="ep"`, each rank holds 1/tp of the experts) or by intermediate slice (`moe="tp"`)."""
+
+    tp: int = 8
+    moe: str = "ep"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"Parallel.tp: invalid value {self.tp!r}; valid: an integer >= 1")
+        if self.moe not in MOE_SPLITS:
+            raise ValueError(f"Parallel.moe: invalid value {self.moe!r}; valid choices: {', '.join(MOE_SPLITS)}")
+
+
+@dataclass(frozen=True)
+class Seq:
+    """One request's part of a step: `new_tokens` computed now after `context` cached tokens; `kind` prefill
+    (a chunk), decode (one token) or verify (the last token and K drafts: K + 1 tokens)."""
+
+    new_tokens: int
+    context: int
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Seq.kind: invalid value {self.kind!r}; valid choices: {', '.join(KINDS)}")
+        if self.new_tokens < 1 or self.context < 0:
+            raise ValueError(f"Seq: new_tokens {self.new_tokens} must be >= 1 and context {self.context} >= 0")
+        if self.kind == "decode" and self.new_tokens != 1:
+            raise ValueError(f"Seq: a decode computes 1 token, got {self.new_tokens}")
+
+
+@dataclass
+class Cost:
+    """Per rank: FLOPs, bytes moved from memory by kind (weights, cache: KV and KDA state, activations),
+    kernel launches, bytes each rank sends in collectives."""
+
+    flops: float = 0.0
+    weight_bytes: float = 0.0
+    cache_bytes: float = 0.0
+    act_bytes: float = 0.0
+    kernels: int = 0
+    comm_bytes: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.cache_bytes + self.act_bytes
+
+    def add(self, other: Cost, times: float = 1.0) -> None:
+        self.flops += other.flops * times
+        self.weight_bytes += other.weight_bytes * times
+        self.cache_bytes += other.cache_bytes * times
+        self.act_bytes += other.act_bytes * times
+        self.kernels += int(other.kernels * times)
+        self.comm_bytes += other.comm_bytes * times
+
+
+def gemm(tokens: int, k: int, n: int, weight_bytes: float, act_bytes: float, kernels: int = 1) -> Cost:
+    """tokens x [k, n]: 2·tokens·k·n FLOPs; the weights read once, the input and output activations once."""
+    return Cost(flops=2.0 * tokens * k * n, weight_bytes=k * n * weight_bytes,
+                act_bytes=tokens * (k + n) * act_bytes, kernels=kernels)
+
+
+def _split(total: int, tp: int, name: str) -> int:
+    if total % tp:
+        raise ValueError(f"Parallel.tp: invalid value {tp}; valid: a divisor of {name} ({total})")
+    return total // tp
+
+
+def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+    """One KDA layer per rank: its projections (in_proj q, k, v, output gate, f_a, beta; f_b; o_proj), the
+    short conv and the recurrence (chunked for prefill, token by token for decode and verify)."""
+    s, t = m.spec, p.tp
+    d, heads = s.kda_head_dim, _split(s.kda_heads, t, "kda_heads")
+    proj = heads * d                                    # P / tp
+    tokens = sum(q.new_tokens for q in seqs)
+    in_proj = gemm(tokens, s.hidden, 4 * proj + d + heads, m.weight_bytes, m.act_bytes)
+    f_b = gemm(tokens, d, proj, m.weight_bytes, m.act_bytes)
+    o_proj = gemm(tokens, proj, s.hidden, m.weight_bytes, m.act_bytes)
+    gemms = Cost()
+    for part in (in_proj, f_b, o_proj):
+        gemms.add(part)
+    gemms.comm_bytes = tokens * s.hidden * m.act_bytes          # o_proj's all-reduce
+    prefill, recurrent = Cost(), Cost()
+    state = heads * d * d * m.state_bytes                        # one request's recurrent state on this rank
+    for q in seqs:
+        conv_rows = s.conv_width - 1 + (q.new_tokens - 1 if q.kind == "verify" else 0)
+        conv = conv_rows * 3 * proj * m.conv_bytes
+        conv_flops = 2.0 * q.new_tokens * 3 * proj * s.conv_width
+        io = q.new_tokens * 4 * proj * m.act_bytes               # q, k, v, g in; o out (counted with o_proj)
+        if q.kind == "prefill":
+            flops = q.new_tokens * heads * (4.0 * d * d + 3.0 * m.kda_chunk * d)
+            target = prefill
+        else:
+            flops = q.new_tokens * heads * 7.0 * d * d
+            target = recurrent
+        target.add(Cost(flops=flops + conv_flops, cache_bytes=2 * state + 2 * conv, act_bytes=io))
+    prefill.kernels = 3 if any(q.kind == "prefill" for q in seqs) else 0    # conv, chunk kernel, gated norm
+    recurrent.kernels = 3 if any(q.kind != "prefill" for q in seqs) else 0
+    return {"kda_proj": gemms, "kda_prefill": prefill, "kda_recurrent": recurrent}
+
+
+def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+    """One MLA layer per rank: fused q/kv down-projection (replicated), q_b, kv_b, output gate, o_proj; attention
+    over the 576-wide latent cache, which every rank keeps whole (prefill: heads expanded; decode and verify:
+    absorbed into the latent)."""
+    s, t = m.spec, p.tp
+    heads = _split(s.mla_heads, t, "mla_heads")
+    qk = s.qk_nope_dim + s.rope_dim
+    latent = s.latent_dim
+    tokens = sum(q.new_tokens for q in seqs)
+    gemms = Cost()
+    for part in (gemm(tokens, s.hidden, s.q_lora_rank + latent, m.weight_bytes, m.act_bytes),
+                 gemm(tokens, s.q_lora_rank, heads * qk, m.weight_bytes, m.act_bytes),
+                 gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes),   # output gate
+                 gemm(tokens, heads * s.v_head_dim, s.hidden, m.weight_bytes, m.act_bytes)):
+        gemms.add(part)
+    gemms.comm_bytes = tokens * s.hidden * m.act_bytes
+    kv_b = s.kv_lora_rank * heads * (s.qk_nope_dim + s.v_head_dim)
+    prefill, decode = Cost(), Cost()
+    for q in seqs:
+        total = q.context + q.new_tokens
+        cache = total * latent * m.kv_bytes + q.new_tokens * latent * m.kv_bytes   # read all, write the new
+        if q.kind == "prefill":
+            keys = q.new_tokens * q.context + q.new_tokens * (q.new_tokens + 1) / 2   # causal (query, key) pairs
+            flops = 2.0 * keys * heads * (qk + s.v_head_dim) + 2.0 * total * kv_b   # scores, AV; kv_b expansion
+            expanded = total * heads * (s.qk_nope_dim + s.v_head_dim) * m.act_bytes
+            prefill.add(Cost(flops=flops, cache_bytes=cache, act_bytes=expanded))
+        else:
+            keys = q.new_tokens * q.context + q.new_tokens * (q.new_tokens + 1) / 2
+            absorb = 2.0 * q.new_tokens * heads * (s.qk_nope_dim * s.kv_lora_rank + s.kv_lora_rank * s.v_head_dim)
+            flops = 2.0 * keys * heads * (latent + s.kv_lora_rank) + absorb
+            decode.add(Cost(flops=flops, cache_bytes=cache))
+    if any(q.kind == "prefill" for q in seqs):
+        prefill.weight_bytes = kv_b * m.weight_bytes
+        prefill.kernels = 3
+    if any(q.kind != "prefill" for q in seqs):
+        decode.weight_bytes = kv_b * m.weight_bytes     # the absorbed W_UK and W_UV are kv_b's weights
+        decode.kernels = 3
+    return {"mla_proj": gemms, "mla_prefill": prefill, "mla_decode": decode}
+
+
+def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
+    """Experts a step touches when each of `tokens` tokens routes to `top_k` of `num_experts` uniformly."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+    """One latent-MoE layer per rank: router, shared experts (tensor parallel), the replicated latent down and
+    up projections, the routed experts (MXFP4) and their exchange (EP: all-to-all; TP: all-reduce)."""
+    s, t = m.spec, p.tp
+    tokens = sum(q.new_tokens for q in seqs)
+    router = gemm(tokens, s.hidden, s.num_experts, m.weight_bytes, m.act_bytes)
+    shared_inter = _split(s.moe_intermediate * s.num_shared_experts, t, "shared intermediate")
+    shared = Cost()
+    shared.add(gemm(tokens, s.hidden, 2 * shared_inter, m.weight_bytes, m.act_bytes))
+    shared.add(gemm(tokens, shared_inter, s.hidden, m.weight_bytes, m.act_bytes))
+    latent = Cost()
+    latent.add(gemm(tokens, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes))
+    latent.add(gemm(tokens, s.expert_latent, s.hidden, m.weight_bytes, m.act_bytes))
+    per_expert = 3 * s.expert_latent * s.moe_intermediate
+    pairs = tokens * s.experts_per_token
+    # Attention is tensor parallel, so every rank holds every token: each computes its share of the routed experts
+    # (EP: its 1/tp of the experts; TP: a 1/tp slice of every expert) and the partial latents are all-reduced.
+    if p.moe == "ep":
+        local = _split(s.num_experts, t, "num_experts")
+        touched = local * (1.0 - (1.0 - s.experts_per_token / s.num_experts) ** tokens)
+        weights = touched * per_expert * m.expert_bytes
+    else:
+        touched = expected_experts(s.num_experts, s.experts_per_token, tokens)
+        weights = touched * per_expert / t * m.expert_bytes
+    experts = Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=weights,
+                   act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
+                   comm_bytes=tokens * s.expert_latent * m.act_bytes)
+    experts.extra["experts_touched"] = touched
+    shared.comm_bytes = tokens * s.hidden * m.act_bytes
+    return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
+
+
+def dense_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+    """The dense FFN (SwiGLU) of layer 1, tensor parallel."""
+    tokens = sum(q.new_tokens for q in seqs)
+    inter = _split(m.dense_intermediate, p.tp, "dense_intermediate")
+    ffn = Cost()
+    ffn.add(gemm(tokens, m.spec.hidden, 2 * inter, m.weight_bytes, m.act_bytes))
+    ffn.add(gemm(tokens, inter, m.spec.hidden, m.weight_bytes, m.act_bytes))
+    ffn.comm_bytes = tokens * m.spec.hidden * m.act_bytes
+    return {"dense_ffn": ffn}
+
+
+def attn_res(m: SimModel, seqs: list[Seq], layer: int) -> Cost:
+    """The attention-residual mix before layer `layer` (0-based): a weighted sum over the block outputs so far."""
+    tokens = sum(q.new_tokens for q in seqs)
+    blocks = layer // m.spec.attn_res_block + 1
+    return Cost(flops=2.0 * tokens * m.spec.hidden * blocks, act_bytes=tokens * m.spec.hidden * (blocks + 1)
+                * m.act_bytes, kernels=1)
+
+
+def logit_tokens(seqs: list[Seq]) -> int:
+    """Tokens that need logits: a prefill chunk's last, a decode token, every verified position."""
+    return sum(1 if q.kind in ("prefill", "decode") else q.new_tokens for q in seqs)
+
+
+def step_costs(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+    """Every kernel class's Cost over the whole model for one step, per rank (the MTP draft passes are the
+    engine's: `mtp_costs`)."""
+    if not seqs:
+        return {}
+    s = m.spec
+    tokens = sum(q.new_tokens for q in seqs)
+    out: dict[str, Cost] = {}
+
+    def add(costs: dict[str, Cost], times: float = 1.0) -> None:
+        for name, cost in costs.items():
+            out.setdefault(name, Cost()).add(cost, times)
+
+    add(kda_layer(m, p, seqs), s.num_kda_layers)
+    add(mla_layer(m, p, seqs), s.num_mla_layers)
+    add(moe_layer(m, p, seqs), m.num_moe_layers)
+    add(dense_layer(m, p, seqs), m.num_dense_layers)
+    mix = Cost()
+    for layer in range(s.num_layers):
+        mix.add(attn_res(m, seqs, layer))
+    out["attn_res"] = mix
+    vocab = _split(m.vocab_size, p.tp, "vocab_size")
+    out["embed"] = Cost(act_bytes=tokens * s.hidden * m.act_bytes, weight_bytes=tokens * s.hidden * m.weight_bytes,
+                        kernels=1)
+    out["lm_head"] = gemm(logit_tokens(seqs), s.hidden, vocab, m.weight_bytes, m.act_bytes)
+    return out
+
+
+def mtp_costs(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+    """One MTP draft pass per rank over `seqs`' tokens: its projection of [embedding; hidden] (2·hidden ->
+    hidden), one decoder layer (taken as MLA attention and a latent MoE: assumed, README.md) and the LM head."""
+    s = m.spec
+    tokens = sum(q.new_tokens for q in seqs)
+    out: dict[str, Cost] = {"mtp_proj": gemm(tokens, 2 * s.hidden, s.hidden, m.weight_bytes, m.act_bytes)}
+    for costs in (mla_layer(m, p, seqs), moe_layer(m, p, seqs)):
+        for name, cost in costs.items():
+            out[f"mtp_{name}"] = cost
+    out["mtp_lm_head"] = gemm(tokens, s.hidden, _split(m.vocab_size, p.tp, "vocab_size"), m.weight_bytes,
+                              m.act_bytes)
+    return out
+
+
+def weights_per_rank(m: SimModel, p: Parallel) -> float:
+    """Bytes of weights each rank holds: every layer's, the MTP layer's, the embedding and the LM head."""
+    s, t = m.spec, p.tp
+    one = [Seq(1, 0, "decode")]
+    kda = kda_layer(m, p, one)["kda_proj"].weight_bytes
+    mla = mla_layer(m, p, one)
+    attn = mla["mla_proj"].weight_bytes + mla["mla_decode"].weight_bytes
+    moe = moe_layer(m, p, one)
+    experts = s.num_experts * 3 * s.expert_latent * s.moe_intermediate * m.expert_bytes / t
+    dense = dense_layer(m, p, one)["dense_ffn"].weight_bytes
+    non_expert = sum(moe[k].weight_bytes for k in ("moe_router", "moe_shared", "moe_latent"))
+    vocab = m.vocab_size // t * s.hidden * m.weight_bytes
+    mtp = s.mtp_layers * (attn + non_expert + experts + 2 * s.hidden * s.hidden * m.weight_bytes)
+    return (s.num_kda_layers * kda + s.num_mla_layers * attn + m.num_moe_layers * (non_expert + experts)
+            + m.num_dense_layers * dense + 2 * vocab + mtp)
+
+
+def kernel_time(cost: Cost, peak_flops: float, bandwidth: float, flops_efficiency: float,
+                bandwidth_efficiency: float) -> float:
+    """Seconds on a roofline: max(FLOPs / (peak · efficiency), bytes / (bandwidth · efficiency)); peak in FLOP/s,
+    bandwidth in bytes/s. Launches, collectives and host overhead are added by the engine."""
+    if not (peak_flops > 0 and bandwidth > 0 and 0 < flops_efficiency <= 1 and 0 < bandwidth_efficiency <= 1):
+        raise ValueError(f"kernel_time: peak {peak_flops}, bandwidth {bandwidth}, efficiencies {flops_efficiency}, "
+                         f"{bandwidth_efficiency}; valid: peak and bandwidth > 0, efficiencies in (0, 1]")
+    return max(cost.flops / (peak_flops * flops_efficiency), cost.bytes / (bandwidth * bandwidth_efficiency))

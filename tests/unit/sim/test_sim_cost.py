@@ -1,0 +1,144 @@
+"""The simulator's step cost against a hand calculation: one decode step of full-size K3 at TP8 with experts
+split by expert (EP8), four requests at 1000 cached tokens each. Every number below is multiplied out by hand
+from K3's published shapes (DESIGN.md), not from the code under test."""
+
+from __future__ import annotations
+
+import pytest
+
+from ablations.backends.sim.cost import (
+    MXFP4_BYTES,
+    Cost,
+    Parallel,
+    Seq,
+    SimModel,
+    kernel_time,
+    mtp_costs,
+    step_costs,
+    weights_per_rank,
+)
+
+R, C = 4, 1000                         # requests, cached tokens each
+STEP = [Seq(1, C, "decode")] * R
+BF16 = 2
+
+# Per rank at TP8. KDA: P = 96 heads x 128 = 12288, P/8 = 1536; 12 heads; in_proj 7168 x (4·1536 + 128 + 12),
+# f_b 128 x 1536, o_proj 1536 x 7168.
+KDA_PARAMS = 7168 * 6284 + 128 * 1536 + 1536 * 7168            # 56,250,368
+# MLA: fused q/kv down 7168 x (1536 + 576), q_b 1536 x (12·192), output gate 7168 x (12·128), o_proj 1536 x 7168;
+# the absorbed decode reads kv_b, 512 x (12·256).
+MLA_PARAMS = 7168 * 2112 + 1536 * 2304 + 7168 * 1536 + 1536 * 7168 + 512 * 3072     # 42,270,720
+# MoE outside the routed experts: router 7168 x 896; shared experts (2 x 3072 = 6144, /8 = 768) 7168 x 1536 and
+# 768 x 7168; latent down 7168 x 3584 and up 3584 x 7168 (replicated).
+MOE_PARAMS = 7168 * 896 + 7168 * 1536 + 768 * 7168 + 2 * 7168 * 3584               # 74,317,824
+EXPERT_PARAMS = 3 * 3584 * 3072                                   # 33,030,144 (gate, up, down)
+DENSE_PARAMS = 7168 * 2 * 2304 + 2304 * 7168                      # 18432 / 8 = 2304
+LM_HEAD_PARAMS = 7168 * (163840 // 8)
+
+
+def test_hand_sums_are_what_they_say():
+    assert (KDA_PARAMS, MLA_PARAMS, MOE_PARAMS, EXPERT_PARAMS) == (56_250_368, 42_270_720, 74_317_824, 33_030_144)
+
+
+@pytest.fixture(scope="module")
+def step():
+    return step_costs(SimModel(), Parallel(tp=8, moe="ep"), STEP)
+
+
+def test_weights_read_by_one_decode_step(step):
+    assert step["kda_proj"].weight_bytes == 69 * KDA_PARAMS * BF16
+    assert step["mla_proj"].weight_bytes + step["mla_decode"].weight_bytes == 24 * MLA_PARAMS * BF16
+    non_expert = sum(step[k].weight_bytes for k in ("moe_router", "moe_shared", "moe_latent"))
+    assert non_expert == 92 * MOE_PARAMS * BF16
+    # 112 experts per rank; a token picks a given one with probability 16/896; four tokens
+    touched = 112 * (1 - (880 / 896) ** 4)
+    assert step["moe_experts"].weight_bytes == pytest.approx(92 * touched * EXPERT_PARAMS * (0.5 + 1 / 32))
+    assert step["moe_experts"].weight_bytes / 92 / (EXPERT_PARAMS * MXFP4_BYTES) == pytest.approx(7.79, abs=0.01)
+    assert step["dense_ffn"].weight_bytes == DENSE_PARAMS * BF16
+    assert step["lm_head"].weight_bytes == LM_HEAD_PARAMS * BF16
+
+
+def test_latent_cache_bytes_per_token(step):
+    """576 bf16 values per token per MLA layer, whole on every rank: each request reads its 1000 cached tokens and
+    the new one, and writes the new one."""
+    per_token = 576 * 2
+    assert step["mla_decode"].cache_bytes == 24 * R * (C + 1 + 1) * per_token
+    assert step["mla_prefill"].cache_bytes == 0
+
+
+def test_kda_state_bytes_per_request(step):
+    """12 heads x 128 x 128 fp32 per request per KDA layer on a rank (786,432 B), read and written; the short conv's
+    state, 3 rows of 3 x 1536 bf16 channels (27,648 B), read and written."""
+    state, conv = 12 * 128 * 128 * 4, 3 * 3 * 1536 * 2
+    assert (state, conv) == (786_432, 27_648)
+    assert step["kda_recurrent"].cache_bytes == 69 * R * 2 * (state + conv)
+    assert step["kda_prefill"].cache_bytes == 0
+
+
+def test_decode_flops_by_hand(step):
+    """KDA: 7·d² per head per token (decay, kᵀS, rank-1 update, Sᵀq) plus the conv's 2·4 per channel; MLA absorbed:
+    scores over 576 and the sum over 512 per (query, key) pair per head, plus the two absorptions."""
+    kda = R * (12 * 7 * 128 * 128 + 2 * 3 * 1536 * 4)
+    assert step["kda_recurrent"].flops == 69 * kda
+    pairs = C + 1
+    mla = R * (2 * pairs * 12 * (576 + 512) + 2 * 12 * (128 * 512 + 512 * 128))
+    assert step["mla_decode"].flops == 24 * mla
+    assert step["kda_proj"].flops == 69 * 2 * R * KDA_PARAMS
+
+
+def test_verify_keeps_one_state_and_a_longer_conv_window():
+    """A verification of 3 drafts (4 tokens): the recurrent state is read and written once, the conv state holds 3 + 3
+    rows (vLLM's shape at TP8 with 3 speculative tokens: (6, 4608))."""
+    costs = step_costs(SimModel(), Parallel(), [Seq(4, C, "verify")])
+    assert costs["kda_recurrent"].cache_bytes == 69 * 2 * (12 * 128 * 128 * 4 + 6 * 4608 * 2)
+    assert costs["lm_head"].flops == 2 * 4 * LM_HEAD_PARAMS
+
+
+def total(costs: dict[str, Cost]) -> Cost:
+    out = Cost()
+    for cost in costs.values():
+        out.add(cost)
+    return out
+
+
+def test_prefill_is_compute_bound_and_decode_is_not():
+    peak, bandwidth = 2.5e15, 8e12
+    model = SimModel()
+    prefill = step_costs(model, Parallel(), [Seq(8192, 0, "prefill")])
+    decode = step_costs(model, Parallel(), STEP)
+    pf, dc = total(prefill), total(decode)
+    assert pf.flops / pf.bytes > peak / bandwidth > dc.flops / dc.bytes
+    assert kernel_time(pf, peak, bandwidth, 1.0, 1.0) == pf.flops / peak
+    assert kernel_time(dc, peak, bandwidth, 1.0, 1.0) == dc.bytes / bandwidth
+    with pytest.raises(ValueError, match="efficiencies"):
+        kernel_time(dc, peak, bandwidth, 0.0, 1.0)
+
+
+def test_weights_per_rank_and_the_mtp_pass():
+    """69 KDA, 24 MLA + the MTP layer's, 92 MoE + the MTP layer's (112 experts each on a rank), the dense FFN,
+    embedding and LM head, the MTP projection: about 207 GB per rank, 183 GB of it experts."""
+    hand = (69 * KDA_PARAMS * BF16 + 25 * MLA_PARAMS * BF16 + 93 * MOE_PARAMS * BF16
+            + 93 * 112 * EXPERT_PARAMS * (0.5 + 1 / 32) + DENSE_PARAMS * BF16 + 2 * LM_HEAD_PARAMS * BF16
+            + 2 * 7168 * 7168 * BF16)
+    assert weights_per_rank(SimModel(), Parallel()) == pytest.approx(hand)
+    assert hand / 1e9 == pytest.approx(207.4, abs=0.1)
+    mtp = mtp_costs(SimModel(), Parallel(), STEP)
+    assert mtp["mtp_proj"].weight_bytes == 2 * 7168 * 7168 * BF16
+    assert mtp["mtp_lm_head"].flops == 2 * R * LM_HEAD_PARAMS
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("vocab_size", 0, "SimModel.vocab_size: invalid value 0"), ("kv_bytes", 0, "SimModel.kv_bytes: invalid value 0"),
+])
+def test_bad_model_values_are_named(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SimModel(**{field: value})
+
+
+def test_bad_parallelism_and_steps_are_named():
+    with pytest.raises(ValueError, match=r"Parallel.moe: invalid value 'dp'"):
+        Parallel(moe="dp")
+    with pytest.raises(ValueError, match=r"Parallel.tp: invalid value 5; valid: a divisor of kda_heads \(96\)"):
+        step_costs(SimModel(), Parallel(tp=5), STEP)
+    with pytest.raises(ValueError, match=r"Seq: a decode computes 1 token, got 2"):
+        Seq(2, 0, "decode")
