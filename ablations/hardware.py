@@ -9,14 +9,20 @@ from dataclasses import dataclass, field
 
 from opts.vllm_setting import PLATFORMS
 
-FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops", "price_per_gpu_hour")
+FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops", "price_per_gpu_hour",
+           "link_bandwidth_gb_s", "link_latency_us", "launch_us", "host_overhead_us")
+# The simulator's kernel classes: each reaches its own fraction of peak FLOP/s and of memory bandwidth.
+KERNEL_CLASSES = ("gemm", "moe", "attention", "recurrent", "elementwise")
 
 
 @dataclass
 class HardwareConfig:
     """A node: `num_devices` of `device` on `platform` (cpu, rocm, cuda). Per device: HBM `memory_gb`, memory
-    bandwidth `bandwidth_tb_s`, dense BF16 and FP4 peaks in TFLOP/s; `price_per_gpu_hour` in USD. A figure
-    of 0 is unknown; a known one names its source in `sources[figure]`."""
+    bandwidth `bandwidth_tb_s`, dense BF16 and FP4 peaks in TFLOP/s; `price_per_gpu_hour` in USD; the link
+    each device reaches the others over (`link_bandwidth_gb_s`, `link_latency_us` per hop); a kernel launch
+    (`launch_us`) and the host's work per engine step (`host_overhead_us`); `efficiency[kernel class]`, the
+    fraction of peak and of bandwidth a class reaches. A figure of 0 is unknown; a known one, and every
+    efficiency, names its source (or says assumed) in `sources[figure]` / `sources["efficiency.<class>"]`."""
 
     name: str = "cpu"
     platform: str = "cpu"
@@ -27,6 +33,11 @@ class HardwareConfig:
     peak_bf16_tflops: float = 0.0
     peak_fp4_tflops: float = 0.0
     price_per_gpu_hour: float = 0.0
+    link_bandwidth_gb_s: float = 0.0
+    link_latency_us: float = 0.0
+    launch_us: float = 0.0
+    host_overhead_us: float = 0.0
+    efficiency: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -43,6 +54,24 @@ class HardwareConfig:
             if value and not str(self.sources.get(name, "")).strip():
                 raise ValueError(f"{where}: {name} = {value} has no source; valid: sources.{name} names where the "
                                  "figure comes from, or says assumed")
-        unknown = sorted(set(self.sources) - set(FIGURES))
+        for name, value in self.efficiency.items():
+            if name not in KERNEL_CLASSES:
+                raise ValueError(f"{where}: efficiency: {name!r} is not a kernel class; valid: "
+                                 f"{', '.join(KERNEL_CLASSES)}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+                raise ValueError(f"{where}: efficiency.{name}: invalid value {value!r}; valid: a fraction in (0, 1]")
+            if not str(self.sources.get(f"efficiency.{name}", "")).strip():
+                raise ValueError(f"{where}: efficiency.{name} = {value} has no source; valid: "
+                                 f"sources.efficiency.{name} names where it comes from, or says assumed")
+        valid = set(FIGURES) | {f"efficiency.{name}" for name in KERNEL_CLASSES}
+        unknown = sorted(set(self.sources) - valid)
         if unknown:
-            raise ValueError(f"{where}: sources: {', '.join(unknown)} is not a figure; valid: {', '.join(FIGURES)}")
+            raise ValueError(f"{where}: sources: {', '.join(unknown)} is not a figure; valid: {', '.join(FIGURES)}, "
+                             "efficiency.<kernel class>")
+
+    @property
+    def is_modelled(self) -> bool:
+        """Whether the simulator can run on this node: peak, bandwidth, memory, link and every kernel class's
+        efficiency known."""
+        return all((self.memory_gb, self.bandwidth_tb_s, self.peak_bf16_tflops, self.link_bandwidth_gb_s)) and \
+            set(self.efficiency) == set(KERNEL_CLASSES)

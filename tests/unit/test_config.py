@@ -30,14 +30,21 @@ MOONCAKE = {"workload.preset": None, "workload.block_size": 512, "workload.sched
 NEEDS = {("model", "kimi_k3"): ["model.checkpoint=/ckpt"]}
 
 
+EFFICIENCY = {"gemm": 0.7, "moe": 0.5, "attention": 0.5, "recurrent": 0.4, "elementwise": 0.8}
+
+
 def gpu_node(name: str, platform: str, device: str, memory: float, bandwidth: float, bf16: float, fp4: float,
-             price: float) -> dict:
-    """What a GPU node's hardware option changes: its figures, and a source for every known one."""
+             price: float, link: float) -> dict:
+    """What a GPU node's hardware option changes: its figures, the simulator's profile (link, launch, host
+    overhead, efficiency per kernel class), and a source for every known value."""
     figures = {"memory_gb": memory, "bandwidth_tb_s": bandwidth, "peak_bf16_tflops": bf16, "peak_fp4_tflops": fp4,
-               "price_per_gpu_hour": price}
+               "price_per_gpu_hour": price, "link_bandwidth_gb_s": link, "link_latency_us": 5.0, "launch_us": 5.0,
+               "host_overhead_us": 1000.0}
     out = {"hardware.name": name, "hardware.platform": platform, "hardware.device": device,
-           "hardware.num_devices": 8, **{f"hardware.{k}": v for k, v in figures.items() if v}}
+           "hardware.num_devices": 8, **{f"hardware.{k}": v for k, v in figures.items() if v},
+           **{f"hardware.efficiency.{k}": v for k, v in EFFICIENCY.items()}}
     out.update({f"hardware.sources.{k}": ANY for k, v in figures.items() if v})
+    out.update({f"hardware.sources.efficiency.{k}": ANY for k in EFFICIENCY})
     return out
 
 
@@ -57,9 +64,9 @@ CHANGES = {
     "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"}},
     "hardware": {
         "cpu": {},
-        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5)},
-        "b300_x8": {**gpu_node("b300_x8", "cuda", "NVIDIA B300", 288.0, 8.0, 2250.0, 13500.0, 2.26)},
-        "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0)},
+        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 1075.0)},
+        "b300_x8": {**gpu_node("b300_x8", "cuda", "NVIDIA B300", 288.0, 8.0, 2250.0, 13500.0, 2.26, 1800.0)},
+        "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0, 900.0)},
     },
     "paths": {"default": {}},
     "backend": {"vllm": VLLM_BACKEND},

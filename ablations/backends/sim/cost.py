@@ -89,7 +89,7 @@ class Seq:
 @dataclass
 class Cost:
     """Per rank: FLOPs, bytes moved from memory by kind (weights, cache: KV and KDA state, activations),
-    kernel launches, bytes each rank sends in collectives."""
+    kernel launches, the all-reduces and their payload in bytes."""
 
     flops: float = 0.0
     weight_bytes: float = 0.0
@@ -97,6 +97,7 @@ class Cost:
     act_bytes: float = 0.0
     kernels: int = 0
     comm_bytes: float = 0.0
+    collectives: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -110,6 +111,7 @@ class Cost:
         self.act_bytes += other.act_bytes * times
         self.kernels += int(other.kernels * times)
         self.comm_bytes += other.comm_bytes * times
+        self.collectives += int(other.collectives * times)
 
 
 def gemm(tokens: int, k: int, n: int, weight_bytes: float, act_bytes: float, kernels: int = 1) -> Cost:
@@ -137,7 +139,7 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     gemms = Cost()
     for part in (in_proj, f_b, o_proj):
         gemms.add(part)
-    gemms.comm_bytes = tokens * s.hidden * m.act_bytes          # o_proj's all-reduce
+    gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1     # o_proj's all-reduce
     prefill, recurrent = Cost(), Cost()
     state = heads * d * d * m.state_bytes                        # one request's recurrent state on this rank
     for q in seqs:
@@ -172,7 +174,7 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
                  gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes),   # output gate
                  gemm(tokens, heads * s.v_head_dim, s.hidden, m.weight_bytes, m.act_bytes)):
         gemms.add(part)
-    gemms.comm_bytes = tokens * s.hidden * m.act_bytes
+    gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1
     kv_b = s.kv_lora_rank * heads * (s.qk_nope_dim + s.v_head_dim)
     prefill, decode = Cost(), Cost()
     for q in seqs:
@@ -228,9 +230,9 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
         weights = touched * per_expert / t * m.expert_bytes
     experts = Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=weights,
                    act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
-                   comm_bytes=tokens * s.expert_latent * m.act_bytes)
+                   comm_bytes=tokens * s.expert_latent * m.act_bytes, collectives=1)
     experts.extra["experts_touched"] = touched
-    shared.comm_bytes = tokens * s.hidden * m.act_bytes
+    shared.comm_bytes, shared.collectives = tokens * s.hidden * m.act_bytes, 1
     return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
 
 
@@ -241,7 +243,7 @@ def dense_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     ffn = Cost()
     ffn.add(gemm(tokens, m.spec.hidden, 2 * inter, m.weight_bytes, m.act_bytes))
     ffn.add(gemm(tokens, inter, m.spec.hidden, m.weight_bytes, m.act_bytes))
-    ffn.comm_bytes = tokens * m.spec.hidden * m.act_bytes
+    ffn.comm_bytes, ffn.collectives = tokens * m.spec.hidden * m.act_bytes, 1
     return {"dense_ffn": ffn}
 
 

@@ -1,0 +1,94 @@
+"""A step's time on a node: each kernel class's roofline time at the hardware profile's efficiency for that class,
+plus kernel launches, the all-reduces over the node's links, and the host's work per step (README.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ablations.backends.sim.cost import Cost, Parallel, SimModel, weights_per_rank
+from ablations.hardware import KERNEL_CLASSES, HardwareConfig
+
+# Which kernel class each of cost.py's Cost names runs as (an MTP pass's "mtp_<name>" as <name>).
+KERNEL_CLASS = {
+    "kda_proj": "gemm", "mla_proj": "gemm", "moe_router": "gemm", "moe_shared": "gemm", "moe_latent": "gemm",
+    "dense_ffn": "gemm", "lm_head": "gemm", "proj": "gemm", "moe_experts": "moe", "mla_prefill": "attention",
+    "mla_decode": "attention", "kda_prefill": "recurrent", "kda_recurrent": "recurrent", "attn_res": "elementwise",
+    "embed": "elementwise",
+}
+
+
+def kernel_class(name: str) -> str:
+    """The kernel class of a Cost name."""
+    base = name.removeprefix("mtp_")
+    if base not in KERNEL_CLASS:
+        raise ValueError(f"cost {name!r}: no kernel class; known: {', '.join(sorted(KERNEL_CLASS))}")
+    return KERNEL_CLASS[base]
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one step on one rank, by part."""
+
+    kernels_s: float
+    launch_s: float
+    comm_s: float
+    host_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.kernels_s + self.launch_s + self.comm_s + self.host_s
+
+
+def _modelled(hw: HardwareConfig) -> None:
+    if not hw.is_modelled:
+        missing = [k for k in ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")
+                   if not getattr(hw, k)] + [f"efficiency.{c}" for c in KERNEL_CLASSES if c not in hw.efficiency]
+        raise ValueError(f"hardware {hw.name}: the simulator needs {', '.join(missing)}")
+
+
+def allreduce_s(payload_bytes: float, count: int, tp: int, hw: HardwareConfig) -> float:
+    """`count` ring all-reduces over `tp` ranks moving `payload_bytes` in all: 2·(tp − 1)/tp of the payload over
+    the link, 2·(tp − 1) hops of latency each."""
+    if tp == 1 or not count:
+        return 0.0
+    return (2 * (tp - 1) / tp * payload_bytes / (hw.link_bandwidth_gb_s * 1e9)
+            + count * 2 * (tp - 1) * hw.link_latency_us * 1e-6)
+
+
+def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel) -> StepTime:
+    """The step's time: max(FLOPs / (peak·eff), bytes / (bandwidth·eff)) per kernel class (BF16 peak: the
+    experts run W4A16), launches × launch cost, the all-reduces, the host's overhead."""
+    _modelled(hw)
+    peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
+    by_class: dict[str, Cost] = {}
+    comm = Cost()
+    for name, cost in costs.items():
+        by_class.setdefault(kernel_class(name), Cost()).add(cost)
+        comm.add(cost)
+    kernels = sum(max(c.flops / (peak * hw.efficiency[k]), c.bytes / (bandwidth * hw.efficiency[k]))
+                  for k, c in by_class.items())
+    launches = sum(c.kernels for c in by_class.values()) * hw.launch_us * 1e-6
+    return StepTime(kernels, launches, allreduce_s(comm.comm_bytes, comm.collectives, parallel.tp, hw),
+                    hw.host_overhead_us * 1e-6 if costs else 0.0)
+
+
+def roofline_s(costs: dict[str, Cost], hw: HardwareConfig) -> float:
+    """The step's physical lower bound: all its FLOPs at peak or all its bytes at full bandwidth, whichever is
+    longer, and nothing else."""
+    total = Cost()
+    for cost in costs.values():
+        total.add(cost)
+    return max(total.flops / (hw.peak_bf16_tflops * 1e12), total.bytes / (hw.bandwidth_tb_s * 1e12))
+
+
+def cache_capacity_gb(model: SimModel, parallel: Parallel, hw: HardwareConfig, reserve_fraction: float = 0.1) -> float:
+    """GB per rank left for the KV cache and KDA states after the weights and `reserve_fraction` of the memory
+    (activations, graphs); a model that does not fit is a ValueError saying by how much."""
+    _modelled(hw)
+    weights = weights_per_rank(model, parallel) / 1e9
+    usable = hw.memory_gb * (1 - reserve_fraction)
+    if weights > usable:
+        raise ValueError(f"{model.spec.name} does not fit on {hw.name} at tp={parallel.tp}: its weights take "
+                         f"{weights:.1f} GB per rank, {weights - usable:.1f} GB more than the {usable:.1f} GB usable "
+                         f"of {hw.memory_gb:g} GB ({reserve_fraction:.0%} kept for activations)")
+    return usable - weights
