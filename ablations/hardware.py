@@ -11,15 +11,18 @@ from opts.vllm_setting import PLATFORMS
 
 FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops", "price_per_gpu_hour",
            "link_bandwidth_gb_s", "link_latency_us", "launch_us", "host_overhead_us")
+# What the simulator cannot do without (besides an efficiency per kernel class).
+MODEL_FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")
 # The simulator's kernel classes: each reaches its own fraction of peak FLOP/s and of memory bandwidth.
 KERNEL_CLASSES = ("gemm", "moe", "attention", "recurrent", "elementwise")
 
 
 @dataclass
 class HardwareConfig:
-    """A node: `num_devices` of `device` on `platform` (cpu, rocm, cuda). Per device: HBM `memory_gb`, memory
-    bandwidth `bandwidth_tb_s`, dense BF16 and FP4 peaks in TFLOP/s; `price_per_gpu_hour` in USD; the link
-    each device reaches the others over (`link_bandwidth_gb_s`, `link_latency_us` per hop); a kernel launch
+    """A node: `num_devices` of `device` on `platform` (cpu, rocm, cuda). Per device: HBM `memory_gb` (10^9 bytes,
+    the vendor's figure as printed), memory bandwidth `bandwidth_tb_s` (10^12 bytes/s), dense BF16 and FP4 peaks
+    in TFLOP/s; `price_per_gpu_hour` in USD; the link each device reaches the others over
+    (`link_bandwidth_gb_s`: one direction, 10^9 bytes/s; `link_latency_us` per hop); a kernel launch
     (`launch_us`) and the host's work per engine step (`host_overhead_us`); `efficiency[kernel class]`, the
     fraction of peak and of bandwidth a class reaches. A figure of 0 is unknown; a known one, and every
     efficiency, names its source (or says assumed) in `sources[figure]` / `sources["efficiency.<class>"]`."""
@@ -73,5 +76,4 @@ class HardwareConfig:
     def is_modelled(self) -> bool:
         """Whether the simulator can run on this node: peak, bandwidth, memory, link and every kernel class's
         efficiency known."""
-        return all((self.memory_gb, self.bandwidth_tb_s, self.peak_bf16_tflops, self.link_bandwidth_gb_s)) and \
-            set(self.efficiency) == set(KERNEL_CLASSES)
+        return all(getattr(self, k) for k in MODEL_FIGURES) and set(self.efficiency) == set(KERNEL_CLASSES)

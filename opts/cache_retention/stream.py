@@ -86,11 +86,12 @@ def name(chunk_id: int, offset: int, chunk_size: int) -> PrefixKey:
 def prefix_key(request: CacheRequest, num_tokens: int, chunk_size: int) -> PrefixKey:
     """The name of the request's first `num_tokens` tokens (> 0)."""
     chunk = (num_tokens - 1) // chunk_size
-    return request.chunk_ids[chunk] * (chunk_size + 1) + num_tokens - chunk * chunk_size
+    return name(request.chunk_ids[chunk], num_tokens - chunk * chunk_size, chunk_size)
 
 
 def block_keys(request: CacheRequest, num_tokens: int, block_size: int, chunk_size: int) -> list[PrefixKey]:
-    """Names of the full `block_size`-token blocks among the request's first `num_tokens` tokens."""
+    """Names of the full `block_size`-token blocks among the request's first `num_tokens` tokens (`name`,
+    inlined: this runs for every block of every request)."""
     ids, stride = request.chunk_ids, chunk_size + 1
     keys = []
     for end in range(block_size, num_tokens + 1, block_size):

@@ -197,8 +197,10 @@ def same_replay(stream: CacheStream, policies: Iterable[str]) -> dict[str, str]:
 
 
 def _copied_row(row: dict[str, Any], policy: str) -> dict[str, Any]:
-    return {**row, "policy": policy, "seconds": 0.0, "same_replay_as": row["policy"],
-            "fallback": NO_SESSIONS}
+    copied = {**row, "policy": policy, "seconds": 0.0, "same_replay_as": row["policy"]}
+    if row["feasible"]:     # what the replay of `policy` would say (an infeasible one says nothing)
+        copied["fallback"] = NO_SESSIONS
+    return copied
 
 
 def _ratio(on: float | None, off: float | None) -> float | None:

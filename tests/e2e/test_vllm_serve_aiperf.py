@@ -51,6 +51,7 @@ def test_an_aiperf_cell_replays_the_sessions_and_vllm_counts_what_aiperf_sent(tm
     assert (counters["prompt_tokens"], counters["generation_tokens"], counters["requests_finished"]) == (
         prompt, output, 6)
     assert all(r["payload"]["vllm_xargs"]["k3_session"] == r["session_id"] for r in rows)
+    assert max(len(r["payload"]["prompt"]) for r in rows) == 512, "prompts cut to backend.max_prompt_tokens"
     assert len({r["session_id"] for r in rows}) < 6, "the cut holds later turns of a session"
     assert (tmp_path / "aiperf_c2" / "profile_export.jsonl").is_file()
     assert result["metrics"]["num_requests"] == 6 and result["metrics"]["total_throughput"] > 0

@@ -64,9 +64,9 @@ CHANGES = {
     "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"}},
     "hardware": {
         "cpu": {},
-        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 1075.0)},
-        "b300_x8": {**gpu_node("b300_x8", "cuda", "NVIDIA B300", 288.0, 8.0, 2250.0, 13500.0, 2.26, 1800.0)},
-        "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0, 900.0)},
+        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 537.5)},
+        "b300_x8": {**gpu_node("b300_x8", "cuda", "NVIDIA B300", 288.0, 8.0, 2250.0, 13500.0, 2.26, 900.0)},
+        "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0, 450.0)},
     },
     "paths": {"default": {}},
     "backend": {"vllm": VLLM_BACKEND},

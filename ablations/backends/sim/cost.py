@@ -10,7 +10,7 @@ costs and overheads are the hardware profile's, never this module's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opts.k3 import K3, K3Spec
 
@@ -98,11 +98,18 @@ class Cost:
     kernels: int = 0
     comm_bytes: float = 0.0
     collectives: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def bytes(self) -> float:
         return self.weight_bytes + self.cache_bytes + self.act_bytes
+
+    @classmethod
+    def total(cls, costs: dict[str, Cost]) -> Cost:
+        """The sum of `costs`."""
+        out = cls()
+        for cost in costs.values():
+            out.add(cost)
+        return out
 
     def add(self, other: Cost, times: float = 1.0) -> None:
         self.flops += other.flops * times
@@ -180,13 +187,12 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     for q in seqs:
         total = q.context + q.new_tokens
         cache = total * latent * m.kv_bytes + q.new_tokens * latent * m.kv_bytes   # read all, write the new
+        keys = q.new_tokens * q.context + q.new_tokens * (q.new_tokens + 1) / 2       # causal (query, key) pairs
         if q.kind == "prefill":
-            keys = q.new_tokens * q.context + q.new_tokens * (q.new_tokens + 1) / 2   # causal (query, key) pairs
             flops = 2.0 * keys * heads * (qk + s.v_head_dim) + 2.0 * total * kv_b   # scores, AV; kv_b expansion
             expanded = total * heads * (s.qk_nope_dim + s.v_head_dim) * m.act_bytes
             prefill.add(Cost(flops=flops, cache_bytes=cache, act_bytes=expanded))
         else:
-            keys = q.new_tokens * q.context + q.new_tokens * (q.new_tokens + 1) / 2
             absorb = 2.0 * q.new_tokens * heads * (s.qk_nope_dim * s.kv_lora_rank + s.kv_lora_rank * s.v_head_dim)
             flops = 2.0 * keys * heads * (latent + s.kv_lora_rank) + absorb
             decode.add(Cost(flops=flops, cache_bytes=cache))
@@ -199,6 +205,11 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     return {"mla_proj": gemms, "mla_prefill": prefill, "mla_decode": decode}
 
 
+def expert_params(s: K3Spec) -> int:
+    """Weights of one routed expert: gate and up (latent -> intermediate) and down."""
+    return 3 * s.expert_latent * s.moe_intermediate
+
+
 def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
     """Experts a step touches when each of `tokens` tokens routes to `top_k` of `num_experts` uniformly."""
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
@@ -206,7 +217,7 @@ def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
 
 def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     """One latent-MoE layer per rank: router, shared experts (tensor parallel), the replicated latent down and
-    up projections, the routed experts (MXFP4) and their exchange (EP: all-to-all; TP: all-reduce)."""
+    up projections, the routed experts (MXFP4), and the all-reduce of their partial latents."""
     s, t = m.spec, p.tp
     tokens = sum(q.new_tokens for q in seqs)
     router = gemm(tokens, s.hidden, s.num_experts, m.weight_bytes, m.act_bytes)
@@ -217,13 +228,13 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     latent = Cost()
     latent.add(gemm(tokens, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes))
     latent.add(gemm(tokens, s.expert_latent, s.hidden, m.weight_bytes, m.act_bytes))
-    per_expert = 3 * s.expert_latent * s.moe_intermediate
+    per_expert = expert_params(s)
     pairs = tokens * s.experts_per_token
     # Attention is tensor parallel, so every rank holds every token: each computes its share of the routed experts
     # (EP: its 1/tp of the experts; TP: a 1/tp slice of every expert) and the partial latents are all-reduced.
     if p.moe == "ep":
         local = _split(s.num_experts, t, "num_experts")
-        touched = local * (1.0 - (1.0 - s.experts_per_token / s.num_experts) ** tokens)
+        touched = expected_experts(s.num_experts, s.experts_per_token, tokens) * local / s.num_experts
         weights = touched * per_expert * m.expert_bytes
     else:
         touched = expected_experts(s.num_experts, s.experts_per_token, tokens)
@@ -231,7 +242,6 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     experts = Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=weights,
                    act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
                    comm_bytes=tokens * s.expert_latent * m.act_bytes, collectives=1)
-    experts.extra["experts_touched"] = touched
     shared.comm_bytes, shared.collectives = tokens * s.hidden * m.act_bytes, 1
     return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
 
@@ -310,7 +320,7 @@ def weights_per_rank(m: SimModel, p: Parallel) -> float:
     mla = mla_layer(m, p, one)
     attn = mla["mla_proj"].weight_bytes + mla["mla_decode"].weight_bytes
     moe = moe_layer(m, p, one)
-    experts = s.num_experts * 3 * s.expert_latent * s.moe_intermediate * m.expert_bytes / t
+    experts = s.num_experts * expert_params(s) * m.expert_bytes / t
     dense = dense_layer(m, p, one)["dense_ffn"].weight_bytes
     non_expert = sum(moe[k].weight_bytes for k in ("moe_router", "moe_shared", "moe_latent"))
     vocab = m.vocab_size // t * s.hidden * m.weight_bytes

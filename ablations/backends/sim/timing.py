@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ablations.backends.sim.cost import Cost, Parallel, SimModel, weights_per_rank
-from ablations.hardware import KERNEL_CLASSES, HardwareConfig
+from ablations.backends.sim.cost import Cost, Parallel, SimModel, kernel_time, weights_per_rank
+from ablations.hardware import KERNEL_CLASSES, MODEL_FIGURES, HardwareConfig
 
 # Which kernel class each of cost.py's Cost names runs as (an MTP pass's "mtp_<name>" as <name>).
 KERNEL_CLASS = {
@@ -41,8 +41,8 @@ class StepTime:
 
 def _modelled(hw: HardwareConfig) -> None:
     if not hw.is_modelled:
-        missing = [k for k in ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")
-                   if not getattr(hw, k)] + [f"efficiency.{c}" for c in KERNEL_CLASSES if c not in hw.efficiency]
+        missing = [k for k in MODEL_FIGURES if not getattr(hw, k)] + [
+            f"efficiency.{c}" for c in KERNEL_CLASSES if c not in hw.efficiency]
         raise ValueError(f"hardware {hw.name}: the simulator needs {', '.join(missing)}")
 
 
@@ -61,12 +61,10 @@ def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel) ->
     _modelled(hw)
     peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
     by_class: dict[str, Cost] = {}
-    comm = Cost()
     for name, cost in costs.items():
         by_class.setdefault(kernel_class(name), Cost()).add(cost)
-        comm.add(cost)
-    kernels = sum(max(c.flops / (peak * hw.efficiency[k]), c.bytes / (bandwidth * hw.efficiency[k]))
-                  for k, c in by_class.items())
+    comm = Cost.total(costs)
+    kernels = sum(kernel_time(c, peak, bandwidth, hw.efficiency[k], hw.efficiency[k]) for k, c in by_class.items())
     launches = sum(c.kernels for c in by_class.values()) * hw.launch_us * 1e-6
     return StepTime(kernels, launches, allreduce_s(comm.comm_bytes, comm.collectives, parallel.tp, hw),
                     hw.host_overhead_us * 1e-6 if costs else 0.0)
@@ -75,9 +73,7 @@ def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel) ->
 def roofline_s(costs: dict[str, Cost], hw: HardwareConfig) -> float:
     """The step's physical lower bound: all its FLOPs at peak or all its bytes at full bandwidth, whichever is
     longer, and nothing else."""
-    total = Cost()
-    for cost in costs.values():
-        total.add(cost)
+    total = Cost.total(costs)
     return max(total.flops / (hw.peak_bf16_tflops * 1e12), total.bytes / (hw.bandwidth_tb_s * 1e12))
 
 

@@ -38,8 +38,10 @@ AIPERF_VERSION = "0.13.0"
 VENV_ENV = "K3_AIPERF_VENV"
 ROOT = Path(__file__).resolve().parents[3]
 RECORDS_FILE = "profile_export.jsonl"
+TRACE_FILE = "aiperf_trace.jsonl"
 SESSION_KEY, PARENT_KEY = "k3_session", "k3_parent"     # opts/cache_retention/vllm_pool.py reads these
 FIRST_TOKEN = 10                                        # ids below are left out of prompts (special tokens)
+ID_DIGITS = 4                                           # a block's leading tokens that spell its hash id
 
 
 def venv_dir() -> Path:
@@ -72,11 +74,16 @@ def ensure_venv(venv: Path | None = None, python: str | None = None, timeout_s: 
     with _locked(venv.with_name(venv.name + ".lock")):
         if stamp.is_file() and aiperf_bin(venv).is_file():
             return aiperf_bin(venv)
+        if venv.exists() and not any(venv.glob(".k3-aiperf-*")):
+            raise RuntimeError(f"aiperf venv {venv}: the directory exists and was not made here (no .k3-aiperf-* "
+                               f"stamp); remove it, or set {VENV_ENV} to another path")
         shutil.rmtree(venv, ignore_errors=True)
         install_log = venv.with_name(venv.name + "-install.log")
         log.info("aiperf: creating %s with aiperf==%s (first use; a few minutes); log %s", venv, AIPERF_VERSION,
                  install_log)
         start = time.perf_counter()
+        venv.mkdir(parents=True)
+        (venv / ".k3-aiperf-building").touch()     # ours, even half built: a later call may remove it
         with install_log.open("w") as out:
             for cmd in ([python or _base_python(), "-m", "venv", str(venv)],
                         [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
@@ -90,8 +97,9 @@ def ensure_venv(venv: Path | None = None, python: str | None = None, timeout_s: 
                 if code != 0:
                     shutil.rmtree(venv, ignore_errors=True)
                     tail = "\n".join(install_log.read_text(errors="replace").splitlines()[-15:])
-                    raise RuntimeError(f"aiperf venv {venv}: {cmd[2] if cmd[1] == '-m' else cmd[0]} failed ({code}); "
-                                       f"log {install_log}:\n{tail}")
+                    raise RuntimeError(f"aiperf venv {venv}: {cmd[2]} failed ({code}); log {install_log}:\n{tail}")
+        for old in venv.glob(".k3-aiperf-*"):
+            old.unlink()
         stamp.touch()
         log.info("aiperf: installed in %.0f s", time.perf_counter() - start)
     return aiperf_bin(venv)
@@ -123,9 +131,17 @@ def tokenizer_cache(model_dir: Path, cache_dir: Path, repo_id: str, revision: st
 
 
 def block_tokens(hash_id: int, block_size: int, vocab_size: int) -> list[int]:
-    """The token ids a hash id stands for: the same block wherever it appears (shared hash ids, shared tokens)."""
+    """The token ids a hash id stands for: the same block wherever it appears (shared hash ids, shared tokens),
+    different blocks for different ids (the block opens with the id's ID_DIGITS digits in base
+    vocab_size - FIRST_TOKEN)."""
     span = vocab_size - FIRST_TOKEN
-    return [FIRST_TOKEN + (hash_id * 7919 + j * 104729 + hash_id // span) % span for j in range(block_size)]
+    positions = min(ID_DIGITS, block_size)
+    if not 0 <= hash_id < span ** positions:
+        raise ValueError(f"hash id {hash_id}: valid ids are 0..{span ** positions - 1} in blocks of {block_size} "
+                         f"tokens over a vocabulary of {vocab_size}")
+    digits = [hash_id // span ** k % span for k in range(positions)]
+    fill = [(hash_id * 7919 + j * 104729) % span for j in range(positions, block_size)]
+    return [FIRST_TOKEN + v for v in digits + fill]
 
 
 def prompt_tokens(hash_ids: tuple[int, ...], input_length: int, block_size: int, vocab_size: int) -> list[int]:
@@ -183,6 +199,8 @@ def client_args(base_url: str, model: str, tokenizer: str, trace_path: Path, num
         "--input-file", str(trace_path), "--custom-dataset-type", "mooncake_trace", "--concurrency", str(concurrency),
         "--num-sessions", str(num_sessions), "--tokenizer", tokenizer, "--use-server-token-count",
         "--artifact-dir", str(artifact_dir), "--random-seed", "0", "--ui-type", "none", "--export-level", "records",
+        # the cell reads vLLM's counters itself: aiperf's scraping of /metrics would take the server's CPU
+        "--no-server-metrics", "--no-gpu-telemetry",
     ]
 
 
@@ -226,26 +244,35 @@ def _seconds(metric: Any) -> float:
     return _value(metric) * scale
 
 
+def artifact_dir(out_dir: Path, concurrency: int) -> Path:
+    """Where aiperf writes a concurrency point's exports."""
+    return out_dir / f"aiperf_c{concurrency}"
+
+
+def num_sessions(rows: list[dict[str, Any]]) -> int:
+    return len({row["session_id"] for row in rows})
+
+
 class AiperfClient:
-    """The serving cell's `aiperf` client: its venv made before the server starts, the trace and tokenizer written
-    once per cell, one `aiperf profile` per concurrency point."""
+    """The serving cell's `aiperf` client: its venv made before the server starts (`setup`), the trace and
+    tokenizer written once per cell, one `aiperf profile` per concurrency point."""
 
     name = "aiperf"
 
-    def __init__(self) -> None:
+    def setup(self) -> None:
         self.executable = ensure_venv()
 
     def prepare(self, trace: Trace, out_dir: Path, model: str, model_dir: Path, vocab_size: int) -> None:
         rows = mooncake_rows(trace, model, vocab_size)
-        self.out_dir, self.model, self.num_sessions = out_dir, model, len({row["session_id"] for row in rows})
-        self.trace_path = write_rows(rows, out_dir / "aiperf_trace.jsonl")
+        self.out_dir, self.model, self.num_sessions = out_dir, model, num_sessions(rows)
+        self.trace_path = write_rows(rows, out_dir / TRACE_FILE)
         self.cache_dir = out_dir / "hf_cache"
         self.repo_id = f"k3-ablate/{model_dir.name}"
         tokenizer_cache(model_dir, self.cache_dir, self.repo_id, "local")
 
     def command(self, base_url: str, concurrency: int) -> tuple[list[str], dict[str, str], Path]:
         """(argv, environment, what `read` takes) of one concurrency point."""
-        artifacts = self.out_dir / f"aiperf_c{concurrency}"
+        artifacts = artifact_dir(self.out_dir, concurrency)
         shutil.rmtree(artifacts, ignore_errors=True)
         args = client_args(base_url, self.model, self.repo_id, self.trace_path, self.num_sessions, concurrency,
                            artifacts)

@@ -22,6 +22,12 @@ from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace
 
 MODULE = "ablations.backends.vllm.bench_client"
+TRACE_FILE = "serve_trace.jsonl"
+
+
+def result_name(concurrency: int) -> str:
+    """The file a concurrency point's per-request results go in."""
+    return f"client_c{concurrency}.json"
 
 
 def client_args(base_url: str, model: str, tokenizer: str, trace_path: Path, block_size: int, num_prompts: int,
@@ -68,14 +74,17 @@ class VllmBenchClient:
 
     name = "vllm_bench"
 
+    def setup(self) -> None:
+        """Nothing to make: vLLM's client is in the project's venv."""
+
     def prepare(self, trace: Trace, out_dir: Path, model: str, model_dir: Path, vocab_size: int) -> None:
         self.out_dir, self.model, self.tokenizer = out_dir, model, str(model_dir)
         self.block_size, self.num_requests = trace.block_size, len(trace.requests)
-        self.trace_path = write_trace(trace, out_dir / "serve_trace.jsonl", form="timed_trace")
+        self.trace_path = write_trace(trace, out_dir / TRACE_FILE, form="timed_trace")
 
     def command(self, base_url: str, concurrency: int) -> tuple[list[str], dict[str, str], Path]:
         """(argv, environment, what `read` takes) of one concurrency point."""
-        name = f"client_c{concurrency}.json"
+        name = result_name(concurrency)
         (self.out_dir / name).unlink(missing_ok=True)
         args = client_args(base_url, self.model, self.tokenizer, self.trace_path, self.block_size, self.num_requests,
                            concurrency, self.out_dir, name)

@@ -16,12 +16,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.aiperf_client import aiperf_bin, mooncake_rows, write_rows
+from ablations.backends.vllm.aiperf_client import TRACE_FILE as AIPERF_TRACE
+from ablations.backends.vllm.aiperf_client import aiperf_bin, artifact_dir, mooncake_rows, num_sessions, write_rows
 from ablations.backends.vllm.aiperf_client import client_args as aiperf_args
+from ablations.backends.vllm.bench_client import TRACE_FILE as BENCH_TRACE
 from ablations.backends.vllm.bench_client import client_args as bench_args
+from ablations.backends.vllm.bench_client import result_name
 from ablations.backends.vllm.cell import first_requests
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.engine import EngineConfig, engine_config, server_args
+from ablations.backends.vllm.engine import EngineConfig, engine_config, server_args, toggle_env
+from ablations.backends.vllm.serve_cell import DEV_MODE_ENV, RESET_PATH, capped_trace
 from ablations.hardware import HardwareConfig
 from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace
@@ -51,7 +55,8 @@ def node_config(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardwa
     """The cell's EngineConfig on `hardware`: its platform's toggle settings (toggles at off that it does not wire
     left to stock vLLM), tensor parallel over its devices."""
     settings = dataclasses.replace(backend, platform=hardware.platform, tensor_parallel_size=hardware.num_devices)
-    wired = {k: v for k, v in toggles.items() if k not in unwired_off(toggles, hardware.platform)}
+    stock = unwired_off(toggles, hardware.platform)
+    wired = {k: v for k, v in toggles.items() if k not in stock}
     return dataclasses.replace(engine_config(settings, model, wired), skip_tokenizer_init=False)
 
 
@@ -66,35 +71,31 @@ def server_command(cfg: EngineConfig) -> list[str]:
 
 def server_env(cfg: EngineConfig) -> dict[str, str]:
     """The server's environment: each toggle's variables, and the dev endpoints the cell's resets use."""
-    env: dict[str, str] = {}
-    for setting in cfg.settings().values():
-        env.update(setting.env)
-    env["VLLM_SERVER_DEV_MODE"] = "1"
-    return env
+    return {**toggle_env(cfg), DEV_MODE_ENV: "1"}
 
 
 def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: HardwareConfig, toggles: dict[str, Any],
                  trace: Trace, out_dir: Path) -> dict[str, Any]:
     """The server command and its environment, and per concurrency the reset and both clients' commands; the
-    trace files they read are written into `out_dir`."""
+    trace files they read (the workload's first `num_requests` requests, prompts and answers cut to the
+    backend's `max_prompt_tokens` and `max_tokens`, as a cell here replays them) are written into `out_dir`."""
     cfg = node_config(backend, model, hardware, toggles)
-    cut = first_requests(trace, backend.num_requests)
+    cut = capped_trace(first_requests(trace, backend.num_requests), backend.max_prompt_tokens, backend.max_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = mooncake_rows(cut, cfg.served_name, model.vocab_size)
-    aiperf_trace = write_rows(rows, out_dir / "aiperf_trace.jsonl")
-    bench_trace = write_trace(cut, out_dir / "serve_trace.jsonl", form="timed_trace")
+    aiperf_trace = write_rows(rows, out_dir / AIPERF_TRACE)
+    bench_trace = write_trace(cut, out_dir / BENCH_TRACE, form="timed_trace")
     url, tokenizer = f"http://127.0.0.1:{PORT}", str(cfg.resolved_model_dir())
-    num_sessions = len({row["session_id"] for row in rows})
     points = []
     for c in backend.concurrencies:
         points.append({
             "concurrency": c,
-            "reset": ["curl", "-s", "-X", "POST", f"{url}/reset_prefix_cache"],
-            "aiperf": [str(aiperf_bin()), *aiperf_args(url, cfg.served_name, tokenizer, aiperf_trace, num_sessions, c,
-                                              out_dir / f"aiperf_c{c}")],
+            "reset": ["curl", "-s", "-X", "POST", url + RESET_PATH],
+            "aiperf": [str(aiperf_bin()), *aiperf_args(url, cfg.served_name, tokenizer, aiperf_trace,
+                                                       num_sessions(rows), c, artifact_dir(out_dir, c))],
             "vllm_bench": [*VLLM_CLI, "bench", "serve",
                            *bench_args(url, cfg.served_name, tokenizer, bench_trace, cut.block_size,
-                                       len(cut.requests), c, out_dir, f"client_c{c}.json")],
+                                       len(cut.requests), c, out_dir, result_name(c))],
         })
     return {"hardware": hardware.name, "platform": hardware.platform, "num_devices": hardware.num_devices,
             "toggles": cfg.toggles, "stock": unwired_off(toggles, hardware.platform),
@@ -102,15 +103,15 @@ def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardw
 
 
 def script(commands: dict[str, Any], client: str) -> str:
-    """The commands as a shell script: the server in the background, then each point's reset and `client`."""
+    """The commands as a shell script: the server in the background, a wait for it to answer, then each point's
+    reset and `client`."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(commands["server_env"].items()))
     lines = [f"# {commands['hardware']}: {commands['num_devices']} devices, platform {commands['platform']}",
              "# python: the interpreter of the environment k3-ablate is installed in (vLLM loads its plugin there)"]
     lines += [f"# {name} left to stock vLLM here (off is not a setting on {commands['platform']})"
               for name in commands["stock"]]
-    lines += [
-             f"{env} {shlex.join(commands['server'])} &",
-             f"# wait until http://127.0.0.1:{PORT}/health answers, then per concurrency:"]
+    lines += [f"{env} {shlex.join(commands['server'])} &",
+              f"until curl -sf http://127.0.0.1:{PORT}/health > /dev/null; do sleep 5; done"]
     for point in commands["points"]:
         lines += [shlex.join(point["reset"]), shlex.join(point[client])]
     return "\n".join(lines) + "\n"

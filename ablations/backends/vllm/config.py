@@ -59,7 +59,8 @@ class ModelConfig:
 
     `kda_layers` are 1-based (the checkpoint convention); every other layer is MLA. `checkpoint` (a local path
     or a Hugging Face id) serves that real checkpoint instead, whose own config.json then defines the model
-    (`conf/model/kimi_k3.yaml`; on GPU nodes, through `backend.print_commands`); the other fields are unused.
+    (`conf/model/kimi_k3.yaml`; on GPU nodes, through `backend.print_commands`); of the other fields only
+    `vocab_size` is still read: the replayed prompts' token ids stay below it (valid in any larger vocabulary).
     """
 
     name: str = "k3_tiny"

@@ -286,6 +286,13 @@ def engine_env(cfg: EngineConfig) -> dict[str, str]:
     }
     if cfg.platform == "cpu" and cfg.tensor_parallel_size > 1:
         env[THREADS_BIND_ENV] = os.environ.get(THREADS_BIND_ENV) or rank_cores(cfg.tensor_parallel_size)
+    env.update(toggle_env(cfg))
+    return env
+
+
+def toggle_env(cfg: EngineConfig) -> dict[str, str]:
+    """The environment variables the toggles' vLLM settings set for `cfg`'s platform."""
+    env: dict[str, str] = {}
     for setting in cfg.settings().values():
         env.update(setting.env)
     return env

@@ -36,7 +36,9 @@ from ablations.workload.trace import Trace, num_blocks
 
 log = logging.getLogger("ablations")
 SERVER_LOG, POINT_FILE = "server.log", "point_c{concurrency}.json"
-DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"     # exposes POST /reset_prefix_cache, which each point starts with
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"     # exposes POST RESET_PATH, which each point starts with
+RESET_PATH = "/reset_prefix_cache"
+CLIENT_NICENESS = 19
 
 
 def capped_trace(trace: Trace, max_prompt_tokens: int, max_tokens: int) -> Trace:
@@ -62,17 +64,15 @@ def _reset_prefix_cache(server: Server, attempts: int = 20) -> None:
     """Empty the server's prefix cache, so that a point does not hit what the one before it left (vLLM refuses
     while blocks are held: retried)."""
     for _ in range(attempts):
-        if server.request("/reset_prefix_cache", {}).get("success", True):
+        if server.request(RESET_PATH, {}).get("success", True):
             return
         time.sleep(0.5)
-    raise RuntimeError(f"vLLM server: /reset_prefix_cache refused {attempts} times; log {server.log_path}")
+    raise RuntimeError(f"vLLM server: {RESET_PATH} refused {attempts} times; log {server.log_path}")
 
 
 def make_client(name: str):
-    """The client object of `backend.client` (aiperf builds its venv here, before any server starts)."""
-    if name == "aiperf":
-        return AiperfClient()
-    return VllmBenchClient()
+    """The client object of `backend.client` (its `setup` makes what it needs: aiperf's venv)."""
+    return {"aiperf": AiperfClient, "vllm_bench": VllmBenchClient}[name]()
 
 
 def _progress(server: Server, before: dict[str, Any], total: int, concurrency: int, start: float) -> None:
@@ -95,7 +95,9 @@ def _point(server: Server, client, out_dir: Path, num_requests: int, concurrency
     with client_log.open("w") as out:
         out.write("$ " + " ".join(argv) + "\n")
         out.flush()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        # the client at the lowest CPU priority: where it shares the server's cores, the server's steps go first
+        proc = subprocess.Popen(["nice", "-n", str(CLIENT_NICENESS), *argv], stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
         try:
             while proc.poll() is None:
                 if not server.is_running():
@@ -113,12 +115,15 @@ def _point(server: Server, client, out_dir: Path, num_requests: int, concurrency
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    if proc.returncode != 0 or not result.exists():
+    try:
+        if proc.returncode != 0 or not result.exists():
+            raise RuntimeError(f"exited {proc.returncode}")
+        records, summary = client.read(result)
+    except RuntimeError as err:
         tail = "\n".join(client_log.read_text(errors="replace").splitlines()[-20:])
         server_state = "" if server.is_running() else f"; the server died, {server.log_excerpt()}"
-        raise RuntimeError(f"{client.name} client at concurrency {concurrency} exited {proc.returncode}; log "
-                           f"{client_log}:\n{tail}{server_state}")
-    records, summary = client.read(result)
+        raise RuntimeError(f"{client.name} client at concurrency {concurrency}: {err}; log {client_log}:\n{tail}"
+                           f"{server_state}") from None
     counters = difference(_counters(server), before)
     window = steady_window(records)
     steady = summarize(records, NUM_DEVICES, window)
@@ -146,6 +151,7 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
     cut = capped_trace(first_requests(trace, backend.num_requests), backend.max_prompt_tokens, backend.max_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
     client = make_client(backend.client)
+    client.setup()
     process_dir = out_dir / PROCESS_DIR
     log.info("vllm serve: starting the server for %s (%s) with toggles %s; log %s", model.name, backend.platform,
              cfg.toggles, out_dir / SERVER_LOG)
@@ -157,7 +163,7 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
         start_s = time.perf_counter() - t0
         log.info("vllm serve: server up in %.1f s at %s; %d requests per point, concurrencies %s, client %s",
                  start_s, server.url, len(cut.requests), list(backend.concurrencies), client.name)
-        client.prepare(cut, out_dir, server.model, Path(cfg.resolved_model_dir()), model.vocab_size)
+        client.prepare(cut, out_dir, server.model, cfg.resolved_model_dir(), model.vocab_size)
         for k, concurrency in enumerate(backend.concurrencies, 1):
             log.info("vllm serve: [point %d/%d] concurrency %d", k, len(backend.concurrencies), concurrency)
             points.append(_point(server, client, out_dir, len(cut.requests), concurrency, backend.replay_timeout_s))

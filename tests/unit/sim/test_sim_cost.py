@@ -94,19 +94,12 @@ def test_verify_keeps_one_state_and_a_longer_conv_window():
     assert costs["lm_head"].flops == 2 * 4 * LM_HEAD_PARAMS
 
 
-def total(costs: dict[str, Cost]) -> Cost:
-    out = Cost()
-    for cost in costs.values():
-        out.add(cost)
-    return out
-
-
 def test_prefill_is_compute_bound_and_decode_is_not():
     peak, bandwidth = 2.5e15, 8e12
     model = SimModel()
     prefill = step_costs(model, Parallel(), [Seq(8192, 0, "prefill")])
     decode = step_costs(model, Parallel(), STEP)
-    pf, dc = total(prefill), total(decode)
+    pf, dc = Cost.total(prefill), Cost.total(decode)
     assert pf.flops / pf.bytes > peak / bandwidth > dc.flops / dc.bytes
     assert kernel_time(pf, peak, bandwidth, 1.0, 1.0) == pf.flops / peak
     assert kernel_time(dc, peak, bandwidth, 1.0, 1.0) == dc.bytes / bandwidth

@@ -59,7 +59,8 @@ def test_shared_hash_ids_are_shared_tokens_and_others_differ():
     rows = mooncake_rows(session_trace(), "m", VOCAB)
     first, second = rows[0]["payload"]["prompt"], rows[2]["payload"]["prompt"]
     assert second[:40] == first, "turn 1 starts with turn 0's prompt (hash ids 1, 2 and the start of 3)"
-    assert block_tokens(3, 16, VOCAB) != block_tokens(4, 16, VOCAB)
+    blocks = {tuple(block_tokens(h, 16, VOCAB)) for h in range(5000)}     # more ids than the 1014 token values
+    assert len(blocks) == 5000, "different hash ids, different blocks"
     assert all(10 <= t < VOCAB for t in second)
     with pytest.raises(ValueError, match="50-token prompt: 2 hash ids of 16 tokens are too few"):
         prompt_tokens((1, 2), 50, 16, VOCAB)

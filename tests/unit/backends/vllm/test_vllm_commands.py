@@ -5,6 +5,7 @@ own parsers; toggles at off that a platform does not wire are left to stock vLLM
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 from pathlib import Path
 
@@ -100,8 +101,12 @@ def test_print_commands_writes_the_script_and_starts_nothing(tmp_path):
     server = next(line for line in lines if " serve /models/Kimi-K3 " in line)
     assert server.startswith("VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.cli.main serve /models/Kimi-K3 ")
     assert "--tensor-parallel-size 8" in server
-    clients = [Path(line.split()[0]).name for line in lines if not line.startswith("#")][1:]
-    assert clients == ["curl", "aiperf"] * 3
+    commands = [Path(line.split()[0]).name for line in lines if not line.startswith("#")][1:]
+    assert commands == ["until"] + ["curl", "aiperf"] * 3, "the server is waited for, then each point"
+    rows = [json.loads(line) for line in (tmp_path / "aiperf_trace.jsonl").read_text().splitlines()]
+    longest = max(len(r["payload"]["prompt"]) + r["output_length"] for r in rows)
+    assert longest <= app.backend.max_prompt_tokens + app.backend.max_tokens <= int(
+        shlex.split(server)[shlex.split(server).index("--max-model-len") + 1]), "every request fits the server"
     assert shlex.split(server)[-3:] == ["--port", "8000", "&"]
     assert result["commands"]["platform"] == "cuda" and "cell" not in result and not (tmp_path / "server.log").exists()
 
