@@ -10,6 +10,7 @@ costs and overheads are the hardware profile's, never this module's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from opts.k3 import K3, K3Spec
@@ -104,10 +105,10 @@ class Cost:
         return self.weight_bytes + self.cache_bytes + self.act_bytes
 
     @classmethod
-    def total(cls, costs: dict[str, Cost]) -> Cost:
+    def total(cls, costs: Iterable[Cost]) -> Cost:
         """The sum of `costs`."""
         out = cls()
-        for cost in costs.values():
+        for cost in costs:
             out.add(cost)
         return out
 
@@ -127,6 +128,17 @@ def gemm(tokens: int, k: int, n: int, weight_bytes: float, act_bytes: float, ker
                 act_bytes=tokens * (k + n) * act_bytes, kernels=kernels)
 
 
+def swiglu(m: SimModel, tokens: int, intermediate: int) -> Cost:
+    """A SwiGLU MLP on the hidden state: gate and up (hidden -> 2·intermediate), down (intermediate -> hidden)."""
+    return Cost.total((gemm(tokens, m.spec.hidden, 2 * intermediate, m.weight_bytes, m.act_bytes),
+                       gemm(tokens, intermediate, m.spec.hidden, m.weight_bytes, m.act_bytes)))
+
+
+def lm_head(m: SimModel, p: Parallel, tokens: int) -> Cost:
+    """The LM head (hidden -> vocabulary / tp) for `tokens` tokens."""
+    return gemm(tokens, m.spec.hidden, _split(m.vocab_size, p.tp, "vocab_size"), m.weight_bytes, m.act_bytes)
+
+
 def _split(total: int, tp: int, name: str) -> int:
     if total % tp:
         raise ValueError(f"Parallel.tp: invalid value {tp}; valid: a divisor of {name} ({total})")
@@ -143,9 +155,7 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     in_proj = gemm(tokens, s.hidden, 4 * proj + d + heads, m.weight_bytes, m.act_bytes)
     f_b = gemm(tokens, d, proj, m.weight_bytes, m.act_bytes)
     o_proj = gemm(tokens, proj, s.hidden, m.weight_bytes, m.act_bytes)
-    gemms = Cost()
-    for part in (in_proj, f_b, o_proj):
-        gemms.add(part)
+    gemms = Cost.total((in_proj, f_b, o_proj))
     gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1     # o_proj's all-reduce
     prefill, recurrent = Cost(), Cost()
     state = heads * d * d * m.state_bytes                        # one request's recurrent state on this rank
@@ -175,12 +185,10 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     qk = s.qk_nope_dim + s.rope_dim
     latent = s.latent_dim
     tokens = sum(q.new_tokens for q in seqs)
-    gemms = Cost()
-    for part in (gemm(tokens, s.hidden, s.q_lora_rank + latent, m.weight_bytes, m.act_bytes),
-                 gemm(tokens, s.q_lora_rank, heads * qk, m.weight_bytes, m.act_bytes),
-                 gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes),   # output gate
-                 gemm(tokens, heads * s.v_head_dim, s.hidden, m.weight_bytes, m.act_bytes)):
-        gemms.add(part)
+    gemms = Cost.total((gemm(tokens, s.hidden, s.q_lora_rank + latent, m.weight_bytes, m.act_bytes),
+                        gemm(tokens, s.q_lora_rank, heads * qk, m.weight_bytes, m.act_bytes),
+                        gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes),   # output gate
+                        gemm(tokens, heads * s.v_head_dim, s.hidden, m.weight_bytes, m.act_bytes)))
     gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1
     kv_b = s.kv_lora_rank * heads * (s.qk_nope_dim + s.v_head_dim)
     prefill, decode = Cost(), Cost()
@@ -222,12 +230,9 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     tokens = sum(q.new_tokens for q in seqs)
     router = gemm(tokens, s.hidden, s.num_experts, m.weight_bytes, m.act_bytes)
     shared_inter = _split(s.moe_intermediate * s.num_shared_experts, t, "shared intermediate")
-    shared = Cost()
-    shared.add(gemm(tokens, s.hidden, 2 * shared_inter, m.weight_bytes, m.act_bytes))
-    shared.add(gemm(tokens, shared_inter, s.hidden, m.weight_bytes, m.act_bytes))
-    latent = Cost()
-    latent.add(gemm(tokens, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes))
-    latent.add(gemm(tokens, s.expert_latent, s.hidden, m.weight_bytes, m.act_bytes))
+    shared = swiglu(m, tokens, shared_inter)
+    latent = Cost.total((gemm(tokens, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes),
+                         gemm(tokens, s.expert_latent, s.hidden, m.weight_bytes, m.act_bytes)))
     per_expert = expert_params(s)
     pairs = tokens * s.experts_per_token
     # Attention is tensor parallel, so every rank holds every token: each computes its share of the routed experts
@@ -250,9 +255,7 @@ def dense_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     """The dense FFN (SwiGLU) of layer 1, tensor parallel."""
     tokens = sum(q.new_tokens for q in seqs)
     inter = _split(m.dense_intermediate, p.tp, "dense_intermediate")
-    ffn = Cost()
-    ffn.add(gemm(tokens, m.spec.hidden, 2 * inter, m.weight_bytes, m.act_bytes))
-    ffn.add(gemm(tokens, inter, m.spec.hidden, m.weight_bytes, m.act_bytes))
+    ffn = swiglu(m, tokens, inter)
     ffn.comm_bytes, ffn.collectives = tokens * m.spec.hidden * m.act_bytes, 1
     return {"dense_ffn": ffn}
 
@@ -291,10 +294,9 @@ def step_costs(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     for layer in range(s.num_layers):
         mix.add(attn_res(m, seqs, layer))
     out["attn_res"] = mix
-    vocab = _split(m.vocab_size, p.tp, "vocab_size")
     out["embed"] = Cost(act_bytes=tokens * s.hidden * m.act_bytes, weight_bytes=tokens * s.hidden * m.weight_bytes,
                         kernels=1)
-    out["lm_head"] = gemm(logit_tokens(seqs), s.hidden, vocab, m.weight_bytes, m.act_bytes)
+    out["lm_head"] = lm_head(m, p, logit_tokens(seqs))
     return out
 
 
@@ -307,8 +309,7 @@ def mtp_costs(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     for costs in (mla_layer(m, p, seqs), moe_layer(m, p, seqs)):
         for name, cost in costs.items():
             out[f"mtp_{name}"] = cost
-    out["mtp_lm_head"] = gemm(tokens, s.hidden, _split(m.vocab_size, p.tp, "vocab_size"), m.weight_bytes,
-                              m.act_bytes)
+    out["mtp_lm_head"] = lm_head(m, p, tokens)
     return out
 
 
@@ -323,7 +324,7 @@ def weights_per_rank(m: SimModel, p: Parallel) -> float:
     experts = s.num_experts * expert_params(s) * m.expert_bytes / t
     dense = dense_layer(m, p, one)["dense_ffn"].weight_bytes
     non_expert = sum(moe[k].weight_bytes for k in ("moe_router", "moe_shared", "moe_latent"))
-    vocab = m.vocab_size // t * s.hidden * m.weight_bytes
+    vocab = lm_head(m, p, 1).weight_bytes                 # the embedding table holds as much
     mtp = s.mtp_layers * (attn + non_expert + experts + 2 * s.hidden * s.hidden * m.weight_bytes)
     return (s.num_kda_layers * kda + s.num_mla_layers * attn + m.num_moe_layers * (non_expert + experts)
             + m.num_dense_layers * dense + 2 * vocab + mtp)

@@ -63,7 +63,7 @@ def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel) ->
     by_class: dict[str, Cost] = {}
     for name, cost in costs.items():
         by_class.setdefault(kernel_class(name), Cost()).add(cost)
-    comm = Cost.total(costs)
+    comm = Cost.total(costs.values())
     kernels = sum(kernel_time(c, peak, bandwidth, hw.efficiency[k], hw.efficiency[k]) for k, c in by_class.items())
     launches = sum(c.kernels for c in by_class.values()) * hw.launch_us * 1e-6
     return StepTime(kernels, launches, allreduce_s(comm.comm_bytes, comm.collectives, parallel.tp, hw),
@@ -73,7 +73,7 @@ def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel) ->
 def roofline_s(costs: dict[str, Cost], hw: HardwareConfig) -> float:
     """The step's physical lower bound: all its FLOPs at peak or all its bytes at full bandwidth, whichever is
     longer, and nothing else."""
-    total = Cost.total(costs)
+    total = Cost.total(costs.values())
     return max(total.flops / (hw.peak_bf16_tflops * 1e12), total.bytes / (hw.bandwidth_tb_s * 1e12))
 
 

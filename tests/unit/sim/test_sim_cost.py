@@ -99,7 +99,7 @@ def test_prefill_is_compute_bound_and_decode_is_not():
     model = SimModel()
     prefill = step_costs(model, Parallel(), [Seq(8192, 0, "prefill")])
     decode = step_costs(model, Parallel(), STEP)
-    pf, dc = Cost.total(prefill), Cost.total(decode)
+    pf, dc = Cost.total(prefill.values()), Cost.total(decode.values())
     assert pf.flops / pf.bytes > peak / bandwidth > dc.flops / dc.bytes
     assert kernel_time(pf, peak, bandwidth, 1.0, 1.0) == pf.flops / peak
     assert kernel_time(dc, peak, bandwidth, 1.0, 1.0) == dc.bytes / bandwidth

@@ -59,7 +59,7 @@ def test_a_decode_step_is_mostly_weights_and_the_host():
     kernels take what their bytes take at each class's efficiency, within the launches and all-reduces."""
     hw, parallel = node("mi355x_x8"), Parallel(tp=8)
     costs = step_costs(SimModel(), parallel, [Seq(1, 8192, "decode")] * 64)
-    total = Cost.total(costs)
+    total = Cost.total(costs.values())
     assert total.weight_bytes > 0.5 * total.bytes
     t = step_time(costs, hw, parallel)
     by_bytes = sum(c.bytes / (8e12 * hw.efficiency[kernel_class(name)]) for name, c in costs.items())
