@@ -1,6 +1,7 @@
 """`python -m ablations`: the Hydra app. A run builds its workload and reports its statistics; with
 `backend=vllm` it also starts the tiny model's engine with the toggle vector `opts/<name>=<mode>` and
-greedy-generates from the workload's first requests (`ablations/backends/vllm/cell.py`).
+replays the workload's first requests (`ablations/backends/vllm/cell.py`); with `backend=sim` it simulates the
+node replaying the workload at each concurrency of a sweep (`ablations/backends/sim/cell.py`).
 
 A run is one ablation cell: one `result.json` (`ablations/cells.py`) in its output directory. In a multirun
 (`-m experiment=factorial ...`, conf/experiment/) `ablation.cell` picks the toggle vector; a cell whose result
@@ -24,6 +25,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from ablations.backends.sim.cell import run_sim_cell
+from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.cell import PROCESS_DIR, not_fired, run_cell
 from ablations.backends.vllm.commands import COMMANDS_FILE, gpu_commands, script
 from ablations.backends.vllm.serve_cell import run_serve_cell
@@ -83,7 +86,12 @@ def run(app: AppConfig, out_dir: Path, config: dict | None = None, players: tupl
               "metrics": {k: stats[k] for k in WORKLOAD_METRICS if k in stats}}
     log.info("workload %s:\n%s", app.workload.name, format_stats(stats))
     out_dir.mkdir(parents=True, exist_ok=True)
-    if app.backend is not None and app.backend.print_commands:
+    if isinstance(app.backend, SimBackendConfig):
+        cell = run_sim_cell(app.backend, app.model.name, app.hardware, app.toggles(), trace)
+        result["cell"] = cell
+        result["metrics"] = cell["metrics"]
+        result["points"] = cell["points"]
+    elif app.backend is not None and app.backend.print_commands:
         commands = gpu_commands(app.backend, app.model, app.hardware, result["toggles"], trace, out_dir)
         text = script(commands, app.backend.client)
         (out_dir / COMMANDS_FILE).write_text(text)

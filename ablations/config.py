@@ -17,8 +17,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from ablations.backends.sim.cell import MODELLED, unmodelled
+from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.commands import node_config
-from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
+from ablations.backends.vllm.config import FULL_SIZE_MODELS, ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.engine import engine_config, engine_kwargs
 from ablations.experiment import AblationConfig, cell_vector, design_cells, label
 from ablations.hardware import HardwareConfig
@@ -33,6 +35,9 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 ROOT_SCHEMA = "app_schema"
 MODEL_SCHEMA = "model_schema"
 BACKEND_SCHEMA = "backend_schema"
+SIM_BACKEND_SCHEMA = "sim_backend_schema"
+# Each backend option's schema (conf/backend/<option>.yaml merges onto it).
+BACKEND_SCHEMAS = {"vllm": VllmBackendConfig, "sim": SimBackendConfig}
 HARDWARE_SCHEMA = "hardware_schema"
 PATHS_SCHEMA = "paths_schema"
 OPTS_GROUP = "opts"
@@ -80,12 +85,14 @@ OptsConfig.__module__ = __name__
 @dataclass
 class AppConfig:
     """Root of `conf/config.yaml`. Each group's node is typed by its own schema; `backend` null runs the
-    workload alone (its statistics), `backend=vllm` also starts an engine with the toggle vector `opts`."""
+    workload alone (its statistics), `backend=vllm` also starts an engine with the toggle vector `opts`,
+    `backend=sim` simulates the node. `backend` is typed by its option's schema (`BACKEND_SCHEMAS`): OmegaConf
+    has no union of structured configs."""
 
     workload: WorkloadConfig = MISSING
     model: ModelConfig = MISSING
     opts: OptsConfig = field(default_factory=OptsConfig)  # type: ignore[valid-type]
-    backend: VllmBackendConfig | None = None
+    backend: Any = None
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     ablation: AblationConfig = field(default_factory=AblationConfig)
@@ -97,6 +104,14 @@ class AppConfig:
         if not self.result_file or Path(self.result_file).name != self.result_file:
             raise ValueError(f"AppConfig.result_file: {self.result_file!r} is not a plain file name")
         vector = self.toggles()
+        if isinstance(self.backend, SimBackendConfig):
+            problems = unmodelled(vector)
+            if problems:
+                raise ValueError(problems[0])
+            return
+        if self.backend is not None and self.model.name in FULL_SIZE_MODELS and not self.model.checkpoint:
+            raise ValueError(f"model.checkpoint: empty; {self.model.name} is served from its checkpoint: valid: "
+                             "model.checkpoint=<local directory or Hugging Face id>, or $K3_CHECKPOINT")
         if self.backend is not None and self.backend.print_commands:    # checked on the node it prints for
             node_config(self.backend, self.model, self.hardware, vector_dict(vector))
         elif self.backend is not None:
@@ -115,16 +130,21 @@ class AppConfig:
 
 def wired_toggles(cfg: DictConfig) -> tuple[str, ...]:
     """The toggles a composed config's backend can switch: every toggle without a backend (the workload
-    alone); on vLLM, those whose on and off vectors (the other toggles as composed) both make a valid engine,
-    differ there, and act in that engine (a setting whose every route is idle there, such as moe_dedup's tail
-    at tensor-parallel size 1, does not)."""
+    alone); on the simulator, those whose on and off modes it both models (`sim.cell.MODELLED`); on vLLM, those
+    whose on and off vectors (the other toggles as composed) both make a valid engine, differ there, and act in
+    that engine (a setting whose every route is idle there, such as moe_dedup's tail at tensor-parallel size 1,
+    does not)."""
     opts = OmegaConf.to_container(cfg.opts, resolve=True)
     backend = cfg.get("backend")
     if backend is None:
         return tuple(OPTIMIZATIONS)
     backend_cfg = OmegaConf.to_object(backend)
-    model = OmegaConf.to_object(cfg.model)
     ablation = cfg.get("ablation") or {}
+    if isinstance(backend_cfg, SimBackendConfig):
+        return tuple(name for name in OPTIMIZATIONS if len({
+            ablation.get("on", {}).get(name, "on"), ablation.get("off", {}).get(name, "off")}
+            & set(MODELLED.get(name, ()))) == 2)
+    model = OmegaConf.to_object(cfg.model)
     wired = []
     for name in OPTIMIZATIONS:
         settings, acting = [], False
@@ -184,6 +204,7 @@ def register_configs() -> None:
     cs.store(name=ROOT_SCHEMA, node=AppConfig)
     cs.store(name=MODEL_SCHEMA, node=ModelConfig)
     cs.store(name=BACKEND_SCHEMA, node=VllmBackendConfig)
+    cs.store(name=SIM_BACKEND_SCHEMA, node=SimBackendConfig)
     cs.store(name=HARDWARE_SCHEMA, node=HardwareConfig)
     cs.store(name=PATHS_SCHEMA, node=PathsConfig)
     register_workload(cs)
@@ -241,6 +262,11 @@ def check_overrides(overrides: Sequence[str]) -> None:
             continue
         if "/" in key and key not in GROUPS:
             raise ValueError(f"{key}: unknown group; groups: {', '.join(GROUPS)}")
+        if key.startswith("backend.") and "backend" in chosen:
+            values = _values(chosen["backend"])
+            for value in values if all(v in BACKEND_SCHEMAS for v in values) else ():
+                check_known_fields(BACKEND_SCHEMAS[value], [key.split(".")[1]], "backend")
+            continue
         if key in GROUPS:
             valid = group_options(key)
             for value in _values(override):

@@ -225,6 +225,16 @@ def summarize(records: Sequence[RequestRecord], num_gpus: int, window: Window | 
     )
 
 
+def cell_metrics(records: Sequence[RequestRecord], num_gpus: int) -> dict[str, float]:
+    """A cell's metrics over all its requests: total throughput per GPU (input + output tokens per second),
+    output throughput, TTFT p50 and p90, P90 interactivity (tokens/s/user), prefix-cache hit rate."""
+    summary = summarize(records, num_gpus, full_window(records))
+    return {"total_throughput": summary.throughput_per_gpu, "output_throughput": summary.output_throughput_per_gpu,
+            "ttft_p50_s": summary.ttft_s["p50"], "ttft_p90_s": summary.ttft_s["p90"],
+            "interactivity_p90": summary.interactivity_p90, "prefix_hit_rate": summary.cache_hit_rate,
+            "num_requests": summary.num_requests}
+
+
 @dataclass(frozen=True)
 class SweepPoint:
     """One concurrency point of a sweep: interactivity (tok/s/user) and throughput per GPU (tok/s)."""

@@ -52,6 +52,23 @@ def nominal_times(trace: Trace, previous_of: dict[int, int], prefill_tok_s: floa
     return [(ready, finish) for ready, finish in simulate(schedule, service_s)]
 
 
+def continuations(trace: Trace) -> tuple[dict[int, int], list[tuple[int, ...]]]:
+    """(for each request that continues an earlier turn of its session, that turn's index; every request's chunk
+    ids, a continued turn's extended over its answer by the ids of the turn that continues it)."""
+    requests = trace.requests
+    previous_of: dict[int, int] = {}
+    for session in trace.sessions.values():
+        for before, after in zip(session.request_ids, session.request_ids[1:], strict=False):
+            if continues(requests[before], requests[after], trace.block_size):
+                previous_of[after] = before
+    ids = [r.hash_ids for r in requests]
+    for after in sorted(previous_of, key=lambda i: -(requests[i].turn or 0)):
+        before = previous_of[after]
+        r = requests[before]
+        ids[before] = ids[after][:-(-(r.input_length + r.output_length) // trace.block_size)]
+    return previous_of, ids
+
+
 def cache_stream(trace: Trace, *, prefill_tok_s: float = 20_000.0, decode_tok_s: float = 50.0,
                  times: list[tuple[float, float]] | None = None) -> CacheStream:
     """The trace's requests in arrival order; `times` (arrival, finish) per trace request overrides the
@@ -60,20 +77,11 @@ def cache_stream(trace: Trace, *, prefill_tok_s: float = 20_000.0, decode_tok_s:
         if not value > 0:
             raise ValueError(f"{name}: invalid value {value!r}; valid: tokens per second > 0")
     requests = trace.requests
-    previous_of: dict[int, int] = {}
-    for session in trace.sessions.values():
-        for before, after in zip(session.request_ids, session.request_ids[1:], strict=False):
-            if continues(requests[before], requests[after], trace.block_size):
-                previous_of[after] = before
+    previous_of, ids = continuations(trace)
     if times is None:
         times = nominal_times(trace, previous_of, prefill_tok_s, decode_tok_s)
     elif len(times) != len(requests):
         raise ValueError(f"times: {len(times)} entries for {len(requests)} requests")
-    ids = {i: r.hash_ids for i, r in enumerate(requests)}
-    for after in sorted(previous_of, key=lambda i: -(requests[i].turn or 0)):
-        before = previous_of[after]
-        r = requests[before]
-        ids[before] = ids[after][:-(-(r.input_length + r.output_length) // trace.block_size)]
     order = sorted(range(len(requests)), key=lambda i: (times[i][0], i))
     position = {i: k for k, i in enumerate(order)}
     stream = []

@@ -18,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 
 import ablations.__main__ as app_main
+from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.config import VllmBackendConfig
 from ablations.config import CONF_DIR, GROUPS, check_overrides, compose_app, group_options, register_configs
 from ablations.workload.paths import TRACES
@@ -25,6 +26,7 @@ from opts.registry import OPTIMIZATIONS
 
 VLLM_BACKEND = {**{f"backend.{k}": v for k, v in asdict(VllmBackendConfig()).items() if v is not None},
                 "backend.max_num_batched_tokens": 64, "backend.enable_prefix_caching": True}
+SIM_BACKEND = {f"backend.{k}": v for k, v in asdict(SimBackendConfig()).items()}
 MOONCAKE = {"workload.preset": None, "workload.block_size": 512, "workload.schedule": "open"}
 # The options whose mandatory value the entry-point test gives (kimi_k3's checkpoint is the user's).
 NEEDS = {("model", "kimi_k3"): ["model.checkpoint=/ckpt"]}
@@ -69,7 +71,7 @@ CHANGES = {
         "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0, 450.0)},
     },
     "paths": {"default": {}},
-    "backend": {"vllm": VLLM_BACKEND},
+    "backend": {"vllm": VLLM_BACKEND, "sim": SIM_BACKEND},
     "opts/aiter_mla": {"off": {}, "on": {"opts.aiter_mla.mode": "on"}},
     "opts/kda_overlap": {"off": {}, "on": {"opts.kda_overlap.mode": "on"},
                          "streams": {"opts.kda_overlap.mode": "streams"}},
@@ -128,11 +130,13 @@ def test_each_entry_point_changes_exactly_what_it_should(group, option):
 
 def test_kimi_k3_without_its_checkpoint_names_the_missing_value(monkeypatch):
     monkeypatch.delenv("K3_CHECKPOINT", raising=False)
-    with pytest.raises(Exception, match=r"Environment variable 'K3_CHECKPOINT' not found") as caught:
-        compose_app(["model=kimi_k3"])
-    assert caught.value.full_key == "model.checkpoint"
+    printed = ["model=kimi_k3", "backend=vllm", "hardware=mi355x_x8", "backend.print_commands=true"]
+    with pytest.raises(ValueError, match=r"^model\.checkpoint: empty; kimi_k3 is served from its checkpoint"):
+        compose_app(printed)
+    assert compose_app(["model=kimi_k3", "backend=sim"]).model.checkpoint == ""     # the simulator needs none
     monkeypatch.setenv("K3_CHECKPOINT", "/from/env")
     assert compose_app(["model=kimi_k3"]).model.checkpoint == "/from/env"
+    assert compose_app(printed).model.checkpoint == "/from/env"
 
 
 def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
@@ -159,9 +163,11 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("opts.kda_overlap.chunk=8", "opts.kda_overlap: unknown field(s) chunk; valid fields: chunk_size, mode"),
         ("opts.kda_overlap.chunk_size=33", "opts.kda_overlap: KdaOverlapConfig.chunk_size: invalid value 33"),
         ("opts.fusion.mechanisms=[attn_res]", "opts.fusion: FusionConfig.mechanisms: invalid value(s) 'attn_res'"),
-        ("backend=sim", "backend: unknown option 'sim'; valid options: vllm"),
+        ("backend=simulator", "backend: unknown option 'simulator'; valid options: sim, vllm"),
         ("backend.max_tokens=4", "backend.max_tokens: no backend is selected (the default is null); valid: add "
-                                 "backend=vllm"),
+                                 "backend=sim or backend=vllm"),
+        ("backend=sim backend.max_tokens=4", "backend: unknown field(s) max_tokens; valid fields: cache_gb, "
+                                             "concurrency, kv_dtype"),
         ("paths.root=x", "paths: unknown field(s) root; valid fields: model_cache, output_root"),
         ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, "
                           "mooncake_conversation, mooncake_synthetic"),
@@ -177,7 +183,7 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
 )
 def test_unknown_groups_options_and_fields_name_the_valid_ones(override, message):
     with pytest.raises(ValueError) as caught:
-        compose_app([override])
+        compose_app(override.split())
     assert str(caught.value).startswith(message)
 
 

@@ -6,10 +6,9 @@ import math
 from pathlib import Path
 
 from ablations.attribution import factorial
-from ablations.backends.vllm.cell import cell_metrics
 from ablations.cells import config_hash, write_result
 from ablations.experiment import label
-from ablations.metrics import RequestRecord
+from ablations.metrics import RequestRecord, cell_metrics
 
 PLAYERS = ("kda_overlap", "fusion")
 SPEEDUP = {"kda_overlap": 1.10, "fusion": 1.25}
@@ -17,7 +16,7 @@ SPEEDUP = {"kda_overlap": 1.10, "fusion": 1.25}
 
 def write_sweep(root: Path, repeats: int = 2, skip: tuple[tuple[str, int], ...] = ()) -> Path:
     """A factorial over two toggles as a multirun leaves it: one result.json per cell and repeat, metrics from
-    the vLLM cell's own `cell_metrics` over per-request records of a toy service whose speed the toggles set."""
+    the cells' own `cell_metrics` over per-request records of a toy service whose speed the toggles set."""
     for coalition in factorial(PLAYERS):
         name = label(coalition, PLAYERS)
         for repeat in range(repeats):
@@ -37,5 +36,5 @@ def write_sweep(root: Path, repeats: int = 2, skip: tuple[tuple[str, int], ...] 
                 "ablation": {"design": "factorial", "players": list(PLAYERS), "cell": name, "on": sorted(coalition),
                              "repeat": repeat, "metric": "total_throughput"},
                 "config": config, "config_hash": config_hash(config), "setting_hash": "toy",
-                "metrics": cell_metrics(records)})
+                "metrics": cell_metrics(records, 1)})
     return root

@@ -16,7 +16,7 @@ from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
 from ablations.backends.vllm.engine import EngineConfig, engine_config, engine_kwargs, open_llm
 from ablations.backends.vllm.timed_replay import ReplayLimits, timed_replay
 from ablations.backends.vllm.toggles import read_records
-from ablations.metrics import RequestRecord, full_window, summarize
+from ablations.metrics import cell_metrics
 from ablations.workload.config import WorkloadConfig, build_schedule
 from ablations.workload.trace import Trace
 
@@ -30,16 +30,6 @@ def first_requests(trace: Trace, num_requests: int) -> Trace:
     if not trace.requests:
         raise ValueError(f"workload {trace.source or ''}: no requests to replay")
     return Trace(trace.requests[:num_requests], trace.block_size, trace.source)
-
-
-def cell_metrics(records: list[RequestRecord]) -> dict[str, float]:
-    """The cell's metrics over all its requests: total throughput (input + output tokens per second), TTFT
-    p50 and p90, P90 interactivity (tokens/s/user), prefix-cache hit rate."""
-    summary = summarize(records, NUM_DEVICES, full_window(records))
-    return {"total_throughput": summary.throughput_per_gpu, "output_throughput": summary.output_throughput_per_gpu,
-            "ttft_p50_s": summary.ttft_s["p50"], "ttft_p90_s": summary.ttft_s["p90"],
-            "interactivity_p90": summary.interactivity_p90, "prefix_hit_rate": summary.cache_hit_rate,
-            "num_requests": summary.num_requests}
 
 
 def fired(cfg: EngineConfig, counts: dict[str, int]) -> dict[str, dict[str, Any]]:
@@ -100,7 +90,7 @@ def run_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, 
             os.environ.pop(COUNTER_DIR_ENV, None)
         else:
             os.environ[COUNTER_DIR_ENV] = previous
-    metrics = cell_metrics(records)
+    metrics = cell_metrics(records, NUM_DEVICES)
     log.info("vllm: %d requests in %.2f s: %.1f tokens/s, TTFT p50 %.3f s, hit rate %.3f", len(records),
              seen["seconds"], metrics["total_throughput"], metrics["ttft_p50_s"], metrics["prefix_hit_rate"])
     kwargs = engine_kwargs(cfg)

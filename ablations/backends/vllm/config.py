@@ -16,6 +16,8 @@ HIDDEN_ACTS = ("silu",)
 # vLLM-CPU's MLA decode kernel (csrc/cpu/mla_decode.cpp) only exists for a 576-wide latent head.
 CPU_MLA_KV_LORA_RANK = 512
 CPU_MLA_ROPE_DIM = 64
+# Models that only their checkpoint defines (conf/model/<name>.yaml): vLLM serves them from `checkpoint`, never empty.
+FULL_SIZE_MODELS = ("kimi_k3",)
 
 
 def _bad(field_name: str, value: Any, valid: str) -> ValueError:

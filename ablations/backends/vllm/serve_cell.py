@@ -23,7 +23,7 @@ from typing import Any
 
 from ablations.backends.vllm.aiperf_client import AiperfClient
 from ablations.backends.vllm.bench_client import VllmBenchClient
-from ablations.backends.vllm.cell import NUM_DEVICES, PROCESS_DIR, cell_metrics, fired, first_requests
+from ablations.backends.vllm.cell import NUM_DEVICES, PROCESS_DIR, fired, first_requests
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
 from ablations.backends.vllm.engine import engine_config, engine_kwargs, server_args
@@ -31,7 +31,7 @@ from ablations.backends.vllm.prometheus import difference, read_counters
 from ablations.backends.vllm.server import SERVER_MODULE, Server, start_server
 from ablations.backends.vllm.toggles import read_records as read_patch_records
 from ablations.cells import write_result
-from ablations.metrics import SweepPoint, steady_window, summarize, throughput_at_slo
+from ablations.metrics import SweepPoint, cell_metrics, steady_window, summarize, throughput_at_slo
 from ablations.workload.trace import Trace, num_blocks
 
 log = logging.getLogger("ablations")
@@ -131,7 +131,7 @@ def _point(server: Server, client, out_dir: Path, num_requests: int, concurrency
              "tokens/s/user, prefix hits %d of %d tokens", concurrency, len(records), time.perf_counter() - start,
              steady.throughput_per_gpu, steady.interactivity_p90, counters["prefix_cache_hits"],
              counters["prefix_cache_queries"])
-    metrics = cell_metrics(records)
+    metrics = cell_metrics(records, NUM_DEVICES)
     # the client sees no per-request cached tokens: the hit rate is vLLM's own, over the point
     queries = counters["prefix_cache_queries"]
     metrics["prefix_hit_rate"] = counters["prefix_cache_hits"] / queries if queries else 0.0

@@ -1,0 +1,157 @@
+"""One simulated ablation cell: the toggle vector applied to the modelled node, the workload replayed at each
+concurrency of the sweep, the points and the headline (throughput per GPU at the target interactivity), in the
+same form as the vLLM backend's serving cell."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ablations.backends.sim.config import KV_DTYPES, SimBackendConfig
+from ablations.backends.sim.cost import Parallel, SimModel
+from ablations.backends.sim.engine import SchedulerConfig, simulate
+from ablations.backends.sim.step_model import StepModel
+from ablations.backends.sim.timing import cache_capacity_gb
+from ablations.hardware import HardwareConfig
+from ablations.metrics import (
+    SweepPoint,
+    cell_metrics,
+    frontier,
+    steady_window,
+    summarize,
+    throughput_at_slo,
+    tokens_per_dollar,
+)
+from ablations.workload.trace import Trace
+from opts.base import ToggleConfig
+from opts.cache_retention.geometry import CacheGeometry, k3_geometry
+from opts.cache_retention.retention import free_list_for, resume_for
+from opts.draft_length.acceptance import config_alphas
+from opts.k3 import K3, K3Spec
+
+log = logging.getLogger("ablations")
+MODELS: dict[str, K3Spec] = {"kimi_k3": K3}
+# The modes each toggle acts through in the simulator so far; every other toggle must be off (issue 28 adds them).
+MODELLED = {"cache_retention": ("off", "on", "evict", "resume"), "draft_length": ("off", "k0")}
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Everything one cell's replays share: the model, its parallelism and step model, the cache pool's geometry
+    and size, the draft length and acceptance rates, the retention policy, the scheduler."""
+
+    model: SimModel
+    parallel: Parallel
+    hardware: HardwareConfig
+    steps: StepModel
+    geometry: CacheGeometry
+    cache_gb: float
+    num_blocks: int
+    alphas: tuple[float, ...]
+    retention: ToggleConfig
+    scheduler: SchedulerConfig
+
+    @property
+    def num_gpus(self) -> int:
+        return self.parallel.tp
+
+
+def unmodelled(toggles: dict[str, ToggleConfig]) -> list[str]:
+    """One line per toggle whose mode the simulator does not model yet."""
+    out = []
+    for name, config in toggles.items():
+        valid = MODELLED.get(name, ("off",))
+        if config.mode not in valid:
+            out.append(f"opts.{name}: mode {config.mode!r} is not modelled by backend=sim yet; valid: "
+                       f"{', '.join(valid)}")
+    return out
+
+
+def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
+              toggles: dict[str, ToggleConfig]) -> SimSetup:
+    """The cell's setup, or a ValueError naming what cannot be simulated (model, toggle mode, node, fit)."""
+    if model_name not in MODELS:
+        raise ValueError(f"model: {model_name!r} is not modelled by backend=sim; valid: {', '.join(MODELS)}")
+    problems = unmodelled(toggles)
+    if problems:
+        raise ValueError(problems[0])
+    model = SimModel(spec=MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
+    parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
+    left = cache_capacity_gb(model, parallel, hardware)
+    if backend.cache_gb > left:
+        raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
+                         f"{hardware.name} has left after {model_name}'s weights; valid: 0 < cache_gb <= {left:.1f}")
+    cache_gb = backend.cache_gb or left
+    drafts = toggles["draft_length"]
+    k = drafts.k if drafts.is_speculative else 0
+    geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
+                           num_spec_tokens=k)
+    return SimSetup(model, parallel, hardware, StepModel(model, parallel, hardware, k), geometry, cache_gb,
+                    geometry.num_blocks(cache_gb * 1e9), config_alphas(drafts, k), toggles["cache_retention"],
+                    SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))
+
+
+def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int) -> dict[str, Any]:
+    """The trace replayed at `concurrency` live sessions: the point's steady-state interactivity and throughput
+    per GPU, its metrics over all requests, the engine's stats."""
+    start = time.perf_counter()
+    records, stats = simulate(trace, setup.steps, setup.geometry, setup.num_blocks, free_list_for(setup.retention),
+                              resume=resume_for(setup.retention), alphas=setup.alphas, scheduler=setup.scheduler,
+                              concurrency=concurrency, seed=seed)
+    window = steady_window(records)
+    steady = summarize(records, setup.num_gpus, window)
+    return {"concurrency": concurrency, "interactivity": steady.interactivity_p90,
+            "throughput_per_gpu": steady.throughput_per_gpu, "steady_window_s": [window.start_s, window.end_s],
+            "metrics": cell_metrics(records, setup.num_gpus), "steady": steady.to_dict(),
+            "engine": asdict(stats), "simulated_s": max(r.finish_s for r in records),
+            "wall_s": time.perf_counter() - start}
+
+
+def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
+                 toggles: dict[str, ToggleConfig], trace: Trace) -> dict[str, Any]:
+    """The cell: every concurrency of `backend.concurrency`, the frontier, the throughput per GPU at
+    `backend.target_interactivity` (absent from the metrics, with the reason in `slo`, when not bracketed) and
+    tokens per dollar there."""
+    setup = sim_setup(backend, model_name, hardware, toggles)
+    log.info("sim: %s on %s (tp %d, moe %s), %.1f GB of cache per rank (%d blocks of %d tokens), %d drafts; %d "
+             "requests; concurrencies %s", model_name, hardware.name, setup.parallel.tp, setup.parallel.moe,
+             setup.cache_gb, setup.num_blocks, setup.geometry.block_size, setup.steps.num_drafts, len(trace.requests),
+             backend.concurrency)
+    points = []
+    for k, concurrency in enumerate(backend.concurrency, 1):
+        point = run_point(setup, trace, concurrency, backend.seed)
+        points.append(point)
+        log.info("sim: [point %d/%d] concurrency %d: %.1f tokens/s/GPU at P90 %.2f tokens/s/user, TTFT p50 %.2f s, "
+                 "hit rate %.3f (%.1f s simulated in %.1f s)", k, len(backend.concurrency), concurrency,
+                 point["throughput_per_gpu"], point["interactivity"], point["metrics"]["ttft_p50_s"],
+                 point["metrics"]["prefix_hit_rate"], point["simulated_s"], point["wall_s"])
+    sweep = [SweepPoint(p["interactivity"], p["throughput_per_gpu"], p["concurrency"]) for p in points]
+    slo = throughput_at_slo(sweep, backend.target_interactivity)
+    metrics = dict(points[-1]["metrics"])
+    per_dollar = None
+    if not slo.is_missing:
+        metrics["tput_per_gpu_at_slo"] = slo.value
+        if hardware.price_per_gpu_hour:
+            per_dollar = tokens_per_dollar(slo.value, hardware.price_per_gpu_hour)
+            metrics["tokens_per_dollar_at_slo"] = per_dollar
+    return {
+        "mode": "sim",
+        "hardware": hardware.name,
+        "parallel": asdict(setup.parallel),
+        "cache_gb_per_rank": setup.cache_gb,
+        "cache_blocks": setup.num_blocks,
+        "block_size": setup.geometry.block_size,
+        "num_drafts": setup.steps.num_drafts,
+        "alphas": list(setup.alphas),
+        "metrics": metrics,
+        "slo": {"target_interactivity": slo.target_interactivity,
+                "tput_per_gpu": None if math.isnan(slo.value) else slo.value, "reason": slo.reason,
+                "tokens_per_dollar": per_dollar},
+        "frontier": [{"concurrency": p.concurrency, "interactivity": p.interactivity,
+                      "throughput_per_gpu": p.throughput_per_gpu} for p in frontier(sweep)],
+        "points": [{k: p[k] for k in ("concurrency", "interactivity", "throughput_per_gpu")} for p in points],
+        "point_details": points,
+    }

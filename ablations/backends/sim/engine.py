@@ -1,0 +1,260 @@
+"""The simulated engine: vLLM v1's scheduler over a modelled node, replaying a workload by its schedule.
+
+Each step, in vLLM's order: every decoding request gets its verification (1 + K tokens) while the token budget
+lasts (decode first), then running prefills their next chunk, then waiting requests are admitted in release
+order while the budget, `max_num_seqs` and the cache allow; the step takes `StepModel`'s time. Admission goes
+through `opts.cache_retention`'s hybrid pool (its hit is the request's cached prefix; the pool holds a request's
+blocks until it finishes), so cache_retention's modes act here as in the pool's replays. A verification's
+accepted drafts are drawn from the acceptance model, seeded per request. Stretches where nothing but decoding
+happens (no prefill, no admission possible, no release due) are priced as many steps at once, exactly as step by
+step (README.md, "The engine").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ablations.backends.sim.step_model import StepModel
+from ablations.metrics import RequestRecord
+from ablations.workload.cache_stream import continuations
+from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule
+from ablations.workload.trace import Trace
+from opts.cache_retention.geometry import CacheGeometry
+from opts.cache_retention.pool import CapacityError, HybridPool, Resume, no_cycle_collection, request_keys
+from opts.cache_retention.stream import CacheRequest
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """vLLM's scheduler limits: tokens per step (`max_num_batched_tokens`, chunked prefill) and requests running
+    at once (`max_num_seqs`)."""
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"scheduler.{name}: invalid value {value!r}; valid: an integer >= 1")
+
+
+@dataclass
+class EngineStats:
+    """What the engine did: steps (and how many were priced in a stretch), busy time, drafts proposed and
+    accepted, the smallest ratio of a step's time to its roofline (never below 1), the cache."""
+
+    num_steps: int = 0
+    num_stretch_steps: int = 0
+    busy_s: float = 0.0
+    min_roofline_ratio: float = math.inf
+    drafts: int = 0
+    accepted: int = 0
+    cache: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    rid: int
+    prompt: int
+    output: int
+    computed: int
+    hit: int
+    arrival_s: float
+    cum: np.ndarray          # tokens emitted after the first, cumulated over decode steps (capped at output - 1)
+    steps: int               # decode steps to finish
+    done: int = 0
+    first_s: float = math.nan
+
+    def emitted(self, steps: int) -> int:
+        """Tokens after the first emitted by this run's first `steps` decode steps."""
+        return int(self.cum[steps - 1]) if steps else 0
+
+
+def accepted_draws(seed: int, rid: int, alphas: Sequence[float], num_steps: int) -> np.ndarray:
+    """Accepted drafts per verification for request `rid`: draft j is accepted, given 1..j-1 were, with
+    probability alphas[j-1], so at least j are accepted with probability c_j = alphas[0]···alphas[j-1]; one
+    uniform u per step gives #{j: u < c_j}. A stream of its own per (seed, request): the draws never depend on
+    the batch."""
+    if not alphas:
+        return np.zeros(num_steps, dtype=np.int64)
+    u = np.random.Generator(np.random.PCG64([seed, rid])).random(num_steps)
+    return (u[:, None] < np.cumprod(alphas)[None, :]).sum(axis=1)
+
+
+def _schedule(trace: Trace, concurrency: int | None):
+    if trace.has_sessions:
+        return ClosedLoopSchedule(trace, start="zero", max_live_sessions=concurrency)
+    return OpenLoopSchedule(trace)
+
+
+def simulate(trace: Trace, model: StepModel, geometry: CacheGeometry, num_blocks: int, free_list, *,
+             resume: Resume | None, alphas: Sequence[float] = (), scheduler: SchedulerConfig = SchedulerConfig(),
+             concurrency: int | None = None, seed: int = 0, stretches: bool = True,
+             progress: Callable[[int, int, float], None] | None = None) -> tuple[list[RequestRecord], EngineStats]:
+    """Replay `trace` (closed loop over its sessions, at most `concurrency` live; a trace without sessions at its
+    timestamps) through the engine; per-request records in trace order and the engine's stats. `alphas`: the
+    conditional acceptance rates of `model.num_drafts` drafts (empty without speculation). `progress(finished,
+    total, now_s)` is called as requests finish. `stretches=False` prices every step on its own (the reference
+    the stretches are tested against)."""
+    k = model.num_drafts
+    if len(alphas) != k:
+        raise ValueError(f"alphas: {len(alphas)} rates for {k} drafts per step")
+    q = 1 + k
+    if scheduler.max_num_batched_tokens < q:
+        raise ValueError(f"scheduler.max_num_batched_tokens: {scheduler.max_num_batched_tokens} is less than one "
+                         f"verification ({q} tokens)")
+    with no_cycle_collection():
+        return _Engine(trace, model, geometry, num_blocks, free_list, resume, tuple(alphas), scheduler, seed,
+                       progress, stretches).run(_schedule(trace, concurrency))
+
+
+class _Engine:
+    def __init__(self, trace, model, geometry, num_blocks, free_list, resume, alphas, scheduler, seed, progress,
+                 stretches):
+        self.trace, self.model, self.alphas, self.scheduler, self.seed = trace, model, alphas, scheduler, seed
+        self.progress, self.stretches = progress, stretches
+        self.q = 1 + model.num_drafts
+        self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size)
+        if hasattr(free_list, "bind"):
+            free_list.bind(self.pool)
+        previous_of, ids = continuations(trace)
+        self.previous_of = previous_of
+        self.requests = [CacheRequest(0.0, 0.0, r.input_length, r.output_length, ids[i], r.session,
+                                      previous_of.get(i), r.parent_session) for i, r in enumerate(trace.requests)]
+        self.stats = EngineStats()
+        self.keys: dict[int, list] = {}
+
+    def _new_run(self, rid: int, hit: int, arrival_s: float) -> _Run:
+        r = self.requests[rid]
+        rest = r.num_output_tokens - 1
+        emitted = 1 + accepted_draws(self.seed, rid, self.alphas, max(rest, 1))
+        cum = np.minimum(np.cumsum(emitted), rest)
+        steps = int(np.searchsorted(cum, rest)) + 1 if rest else 0
+        return _Run(rid, r.num_prompt_tokens, r.num_output_tokens, hit, hit, arrival_s, cum[:steps], steps)
+
+    def _admit(self, rid: int, now: float) -> int | None:
+        r = self.requests[rid]
+        previous = self.requests[r.continues] if r.continues is not None else None
+        keys = self.keys.get(rid)
+        if keys is None:
+            keys = self.keys[rid] = request_keys(r, rid, self.pool.block_size, self.pool.chunk_size)
+        hit = self.pool.admit(rid, r, keys, previous, now)
+        if hit is not None:
+            del self.keys[rid]
+        return hit
+
+    def run(self, schedule) -> tuple[list[RequestRecord], EngineStats]:
+        sched, pool, model, q = self.scheduler, self.pool, self.model, self.q
+        releases = [(rel.ready_s, rel.request_id) for rel in schedule.initial()]
+        heapq.heapify(releases)
+        waiting: deque[tuple[int, float]] = deque()
+        prefilling: list[_Run] = []
+        decoding: list[_Run] = []
+        records: dict[int, RequestRecord] = {}
+        total, now = len(self.requests), 0.0
+        blocked = False         # the waiting head did not fit: nothing changes that before a request finishes
+
+        def finish(run: _Run, t: float) -> None:
+            r = self.requests[run.rid]
+            self.stats.accepted += max(run.output - 1 - run.steps, 0)
+            pool.finish(run.rid, r, t)
+            records[run.rid] = RequestRecord(run.arrival_s, run.first_s, t, run.prompt, run.output, run.hit)
+            nonlocal blocked
+            blocked = False
+            for rel in schedule.on_finish(run.rid, t):
+                heapq.heappush(releases, (rel.ready_s, rel.request_id))
+            if self.progress is not None:
+                self.progress(len(records), total, t)
+
+        while releases or waiting or prefilling or decoding:
+            while releases and releases[0][0] <= now:
+                ready, rid = heapq.heappop(releases)
+                r = self.requests[rid]
+                pool.free.note_admit(r.session, ready, rid, r.parent)
+                waiting.append((rid, ready))
+            if not (waiting or prefilling or decoding):
+                now = releases[0][0]
+                continue
+            budget = sched.max_num_batched_tokens
+            num_decodes = min(len(decoding), budget // q)
+            budget -= num_decodes * q
+            chunks: list[tuple[_Run, int]] = []
+            for run in prefilling:
+                if not budget:
+                    break
+                chunk = min(run.prompt - run.computed, budget)
+                chunks.append((run, chunk))
+                budget -= chunk
+            while waiting and budget and not blocked and len(prefilling) + len(decoding) < sched.max_num_seqs:
+                rid, ready = waiting[0]
+                hit = self._admit(rid, now)
+                if hit is None:
+                    blocked = True
+                    if not (prefilling or decoding):
+                        r = self.requests[rid]
+                        raise CapacityError(f"{self.trace.source or 'trace'}: request {rid} ({r.num_prompt_tokens} "
+                                            f"prompt + {r.num_output_tokens} output tokens) needs "
+                                            f"{pool.blocks_needed(r, 0)} blocks of {pool.block_size} tokens; the "
+                                            f"pool has {pool.num_blocks}")
+                    break
+                waiting.popleft()
+                run = self._new_run(rid, hit, ready)
+                prefilling.append(run)
+                chunk = min(run.prompt - run.computed, budget)
+                chunks.append((run, chunk))
+                budget -= chunk
+            steps = 1
+            if not chunks and self.stretches:     # only decoding until a request finishes or a release is due
+                steps = min(run.steps - run.done for run in decoding[:num_decodes])
+            batch = decoding[:num_decodes]
+            base = sum(run.computed for run in batch)
+            if steps > 1:
+                grown = np.zeros(steps)
+                for run in batch:
+                    before = run.emitted(run.done)
+                    grown[1:] += run.cum[run.done:run.done + steps - 1] - before
+                context = base + grown
+            else:
+                context = np.array([float(base)])
+            rows = model.batch_features([(c, run.computed) for run, c in chunks], num_decodes, context, q)
+            durations = model.times(rows)
+            if steps > 1 and releases:
+                starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+                steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
+                durations, rows = durations[:steps], rows[:steps]
+            self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
+                                                float((durations / model.rooflines(rows)).min()))
+            now += float(durations.sum())
+            self.stats.num_steps += steps
+            self.stats.num_stretch_steps += steps if steps > 1 else 0
+            self.stats.busy_s += float(durations.sum())
+            for run in batch:
+                before = run.emitted(run.done)
+                run.done += steps
+                run.computed += run.emitted(run.done) - before
+            self.stats.drafts += steps * num_decodes * (q - 1)
+            done = [run for run in batch if run.done == run.steps]
+            for run, chunk in chunks:
+                run.computed += chunk
+                if run.computed == run.prompt:
+                    run.first_s = now
+                    prefilling.remove(run)
+                    if run.steps:
+                        decoding.append(run)
+                    else:
+                        done.append(run)
+            for run in done:
+                if run in decoding:
+                    decoding.remove(run)
+                finish(run, now)
+        self.stats.cache = {"hit_rate": sum(r.cached_tokens for r in records.values())
+                            / sum(r.input_tokens for r in records.values()),
+                            "num_evictions": pool.num_evictions, "num_resumes": pool.num_resumes}
+        return [records[i] for i in range(total)], self.stats

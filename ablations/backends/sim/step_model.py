@@ -1,0 +1,204 @@
+"""A step's time from a few sums over its requests: the engine's fast path, fitted exactly to the cost model.
+
+`cost.py` is linear in a step's features (README.md, "The fast path"): whether the step runs at all, per kind
+of request part (prefill chunk; decode or verification) whether any is present, their count, and the sums of q,
+c, q·c and q² (q new tokens, c cached before them), and the experts a step touches, E(T). So each kernel class's
+FLOPs, bytes, launches and collective payload are a dot product with those features. `StepModel` fits the
+coefficients once from the exact cost model on probe steps, refuses a fit that does not reproduce it, and then
+prices a step, or many at once, with a few small matrix products: what `timing.step_time(step_costs(...))`
+gives, for a fraction of the time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+
+from ablations.backends.sim.cost import Cost, Parallel, Seq, SimModel, expected_experts, mtp_costs, step_costs
+from ablations.backends.sim.timing import allreduce_s, kernel_class, step_time
+from ablations.hardware import KERNEL_CLASSES, HardwareConfig
+
+# The features of a list of Seqs: whether there are any, the expected experts touched, then per kind (prefill; decode
+# and verify) its presence, count, and sums of q, c, q·c, q².
+FEATURES = ("step", "experts", "prefill", "n_prefill", "q_prefill", "c_prefill", "qc_prefill", "qq_prefill",
+            "decode", "n_decode", "q_decode", "c_decode", "qc_decode", "qq_decode")
+NUM_FEATURES = len(FEATURES)
+FIELDS = ("flops", "bytes", "kernels", "comm_bytes", "collectives")
+FIT_RTOL = 1e-6
+
+
+def features(m: SimModel, seqs: Sequence[Seq]) -> np.ndarray:
+    """The feature vector of a step holding `seqs` (zeros for none)."""
+    x = [0.0] * NUM_FEATURES
+    tokens = 0
+    for s in seqs:
+        base = 2 if s.kind == "prefill" else 8
+        q, c = s.new_tokens, s.context
+        x[base] = 1.0
+        x[base + 1] += 1
+        x[base + 2] += q
+        x[base + 3] += c
+        x[base + 4] += q * c
+        x[base + 5] += q * q
+        tokens += q
+    if tokens:
+        x[0] = 1.0
+        x[1] = expected_experts(m.spec.num_experts, m.spec.experts_per_token, tokens)
+    return np.array(x)
+
+
+def draft_seqs(seqs: Sequence[Seq]) -> list[Seq]:
+    """What each later MTP pass runs: one token per decoding request, after the tokens this step verified."""
+    return [Seq(1, s.context + s.new_tokens, "decode") for s in seqs if s.kind != "prefill"]
+
+
+def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int) -> dict[str, Cost]:
+    """The reference: the target pass over `seqs` and, with `num_drafts` K > 0, the MTP's first pass over the same
+    tokens and K - 1 more over one token per decoding request (`draft_seqs`)."""
+    seqs = list(seqs)
+    out = step_costs(m, p, seqs)
+    if num_drafts and seqs:
+        for name, cost in mtp_costs(m, p, seqs).items():
+            out.setdefault(name, Cost()).add(cost)
+        drafts = draft_seqs(seqs)
+        if drafts and num_drafts > 1:
+            for name, cost in mtp_costs(m, p, drafts).items():
+                out.setdefault(name, Cost()).add(cost, num_drafts - 1)
+    return out
+
+
+def _by_class(costs: dict[str, Cost]) -> np.ndarray:
+    """[kernel class, field] totals of a step's costs."""
+    out = np.zeros((len(KERNEL_CLASSES), len(FIELDS)))
+    for name, cost in costs.items():
+        row = KERNEL_CLASSES.index(kernel_class(name))
+        out[row] += (cost.flops, cost.bytes, cost.kernels, cost.comm_bytes, cost.collectives)
+    return out
+
+
+def probe_steps(seed: int, count: int) -> list[list[Seq]]:
+    """Steps of every shape: prefill only, decode only, verification only, mixed; short and long contexts."""
+    rng = random.Random(seed)
+    steps = []
+    for i in range(count):
+        seqs = []
+        for _ in range(rng.randint(0 if i % 3 else 1, 3)):
+            seqs.append(Seq(rng.randint(1, 4096), rng.choice((0, rng.randint(1, 200_000))), "prefill"))
+        for _ in range(rng.randint(0 if i % 3 != 1 else 1, 6)):
+            q = rng.choice((1, rng.randint(1, 9)))
+            seqs.append(Seq(q, rng.randint(0, 300_000), "decode" if q == 1 and rng.random() < 0.5 else "verify"))
+        steps.append(seqs or [Seq(1, 0, "decode")])
+    return steps
+
+
+def fit(fn, m: SimModel, seed: int = 0) -> np.ndarray:
+    """Coefficients [feature, class, field] with features(seqs) · coefficients == _by_class(fn(seqs)), fitted on
+    probe steps and checked on others; a cost not linear in the features is a ValueError naming it."""
+    train, check = probe_steps(seed, 4 * NUM_FEATURES), probe_steps(seed + 1, NUM_FEATURES)
+    x = np.stack([features(m, s) for s in train])
+    y = np.stack([_by_class(fn(s)).ravel() for s in train])
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+    coef = coef / scale[:, None]
+    for seqs in check:
+        want = _by_class(fn(seqs)).ravel()
+        got = features(m, seqs) @ coef
+        bad = np.abs(got - want) > FIT_RTOL * np.maximum(np.abs(want), 1.0)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"step model: {KERNEL_CLASSES[k // len(FIELDS)]}.{FIELDS[k % len(FIELDS)]} is not linear "
+                             f"in the step features ({got[k]:.6g} fitted, {want[k]:.6g} exact)")
+    return coef.reshape(NUM_FEATURES, len(KERNEL_CLASSES), len(FIELDS))
+
+
+class StepModel:
+    """Seconds per step of a model on a node with `num_drafts` MTP drafts per decoding request (0: none):
+    `time(seqs)` for one step, `times(rows)` for a batch of feature rows (`batch_features`)."""
+
+    def __init__(self, m: SimModel, p: Parallel, hw: HardwareConfig, num_drafts: int) -> None:
+        if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
+            raise ValueError(f"num_drafts: invalid value {num_drafts!r}; valid: an integer >= 0")
+        step_time({}, hw, p)                                # the node must be modelled
+        self.model, self.parallel, self.hw, self.num_drafts = m, p, hw, num_drafts
+        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1)), m)
+        drafts = fit(lambda seqs: mtp_costs(m, p, seqs), m) if num_drafts > 1 else None
+        eff = np.array([hw.efficiency[k] for k in KERNEL_CLASSES])
+        peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
+        hop = allreduce_s(0.0, 1, p.tp, hw)                 # an all-reduce's latency; its seconds per byte:
+        link = allreduce_s(1.0, 1, p.tp, hw) - hop
+        # One matrix over [step features, MTP pass features]: the K - 1 later passes weigh K - 1 (or 0) each.
+        later = max(num_drafts - 1, 0)
+        both = np.concatenate((target, later * (drafts if later else target)))     # [2 · features, class, field]
+        self._flops_s = both[:, :, 0] / (peak * eff)
+        self._bytes_s = both[:, :, 1] / (bandwidth * eff)
+        self._fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link
+                       + both[:, :, 4].sum(1) * hop)
+        self.host_s = hw.host_overhead_us * 1e-6
+        # The physical bound: every FLOP at peak or every byte at full bandwidth (timing.roofline_s).
+        self._roof_flops = both[:, :, 0].sum(1) / peak
+        self._roof_bytes = both[:, :, 1].sum(1) / bandwidth
+
+    def features(self, seqs: Sequence[Seq]) -> np.ndarray:
+        """The step's feature row: its `features`, then those of each later MTP pass."""
+        return np.concatenate((features(self.model, seqs), features(self.model, draft_seqs(seqs))))
+
+    def batch_features(self, chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context: np.ndarray,
+                       tokens_per_decode: int) -> np.ndarray:
+        """Rows [steps, 2 · features] of steps holding the prefill `chunks` ((new, cached) tokens each) and
+        `num_decodes` decoding requests of `tokens_per_decode` tokens each (1 + drafts) whose contexts sum to each
+        of `decode_context` [steps]: `features` of the step, then of each later MTP pass (`draft_seqs`), built
+        from the sums alone, as the engine keeps them."""
+        n, q = num_decodes, tokens_per_decode
+        head = [0.0] * NUM_FEATURES
+        tokens = n * q
+        for new, cached in chunks:
+            head[2] = 1.0
+            head[3] += 1
+            head[4] += new
+            head[5] += cached
+            head[6] += new * cached
+            head[7] += new * new
+            tokens += new
+        if tokens:
+            head[0], head[1] = 1.0, self._experts(tokens)
+        draft = [0.0] * NUM_FEATURES
+        if n:
+            head[8:14] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
+            draft[:2] = (1.0, self._experts(n))
+            draft[8:14] = (1.0, n, n, 0.0, 0.0, n)
+        c = np.asarray(decode_context, dtype=float)
+        rows = np.tile(np.array(head + draft), (c.size, 1))
+        if n:
+            rows[:, 11] = c
+            rows[:, 12] = q * c
+            rows[:, NUM_FEATURES + 11] = rows[:, NUM_FEATURES + 12] = c + n * q
+        return rows
+
+    def _experts(self, tokens: int) -> float:
+        return expected_experts(self.model.spec.num_experts, self.model.spec.experts_per_token, tokens)
+
+    def times(self, rows: np.ndarray) -> np.ndarray:
+        """Seconds of the steps whose feature rows (`batch_features`, or `features` of the step and of its later
+        MTP passes side by side) are `rows`: per kernel class max(FLOPs / (peak·eff), bytes / (bandwidth·eff)),
+        then launches, all-reduces, host."""
+        return np.maximum(rows @ self._flops_s, rows @ self._bytes_s).sum(axis=-1) + rows @ self._fixed + self.host_s
+
+    def rooflines(self, rows: np.ndarray) -> np.ndarray:
+        """The steps' physical lower bounds (`timing.roofline_s` of their costs): no step is ever faster."""
+        return np.maximum(rows @ self._roof_flops, rows @ self._roof_bytes)
+
+    def time(self, seqs: Sequence[Seq]) -> float:
+        """Seconds of one step holding `seqs`."""
+        return float(self.times(self.features(seqs)[None])[0])
+
+    def roofline(self, seqs: Sequence[Seq]) -> float:
+        """One step's physical lower bound."""
+        return float(self.rooflines(self.features(seqs)[None])[0])
+
+    def exact_time(self, seqs: Sequence[Seq]) -> float:
+        """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
+        return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts), self.hw,
+                         self.parallel).total_s

@@ -1,0 +1,160 @@
+"""The simulated engine: stretches priced exactly as step by step, determinism, the roofline never beaten,
+the token budget's chunks, max_num_seqs, accepted drafts at the acceptance model's rate, the pool's capacity,
+cache_retention acting through the pool, and a cell's result."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from functools import cache
+
+import pytest
+
+from ablations.__main__ import run
+from ablations.backends.sim.cell import run_point, sim_setup
+from ablations.backends.sim.config import SimBackendConfig
+from ablations.backends.sim.cost import Parallel, Seq, SimModel
+from ablations.backends.sim.engine import SchedulerConfig, simulate
+from ablations.backends.sim.step_model import StepModel
+from ablations.config import compose_app
+from ablations.workload.generate import generate
+from ablations.workload.presets import preset
+from ablations.workload.trace import Request, Trace
+from opts.cache_retention.free_list import LruFreeList
+from opts.cache_retention.geometry import k3_geometry
+from opts.cache_retention.pool import CapacityError
+from opts.draft_length.acceptance import expected_tokens
+from opts.registry import OPTIMIZATIONS, make_config
+
+ALPHAS = (0.8, 0.8, 0.8)
+
+
+@cache
+def hardware(name: str = "mi355x_x8"):
+    return compose_app([f"hardware={name}"]).hardware
+
+
+@cache
+def steps(num_drafts: int = 3, name: str = "mi355x_x8") -> StepModel:
+    return StepModel(SimModel(), Parallel(), hardware(name), num_drafts)
+
+
+@cache
+def agentx(num_sessions: int) -> Trace:
+    return generate(preset("agentx"), seed=0).head_sessions(num_sessions)
+
+
+def replay(trace: Trace, *, num_blocks: int = 2400, num_drafts: int = 3, alphas=ALPHAS, **kw):
+    geometry = k3_geometry(num_spec_tokens=num_drafts)
+    return simulate(trace, steps(num_drafts), geometry, num_blocks, LruFreeList(), resume=None, alphas=alphas, **kw)
+
+
+def toggles(**modes: str) -> dict:
+    return {name: make_config(name, mode=modes.get(name, "off")) for name in OPTIMIZATIONS}
+
+
+def test_stretches_price_every_step_exactly_as_one_at_a_time():
+    trace = agentx(3)
+    fast, fast_stats = replay(trace, concurrency=2)
+    slow, slow_stats = replay(trace, concurrency=2, stretches=False)
+    assert fast_stats.num_stretch_steps > 0.9 * fast_stats.num_steps and slow_stats.num_stretch_steps == 0
+    assert fast_stats.num_steps == slow_stats.num_steps
+    for a, b in zip(fast, slow, strict=True):
+        assert (a.input_tokens, a.output_tokens, a.cached_tokens) == (b.input_tokens, b.output_tokens, b.cached_tokens)
+        for field in ("arrival_s", "first_token_s", "finish_s"):
+            assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-9)
+
+
+def test_the_same_config_and_seed_give_the_same_bytes():
+    setup = sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles())
+
+    def result(seed: int) -> str:
+        point = run_point(setup, agentx(2), 2, seed)
+        point.pop("wall_s")
+        return json.dumps(point, sort_keys=True)
+    assert result(0) == result(0)
+    assert result(0) != result(1)
+
+
+@pytest.mark.parametrize("node", ["mi355x_x8", "b300_x8"])
+def test_no_simulated_step_beats_its_roofline(node):
+    geometry = k3_geometry(num_spec_tokens=3)
+    _, stats = simulate(agentx(3), steps(3, node), geometry, 2400, LruFreeList(), resume=None, alphas=ALPHAS,
+                        concurrency=3)
+    assert stats.num_steps > 1000 and 1.0 <= stats.min_roofline_ratio < math.inf
+
+
+def one_request(prompt: int, output: int, at_ms: float = 0.0, hash_base: int = 0) -> Request:
+    return Request(at_ms, prompt, output, tuple(range(hash_base, hash_base + -(-prompt // 512))))
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget():
+    trace = Trace((one_request(20_000, 1),), 512)
+    records, stats = replay(trace, scheduler=SchedulerConfig(max_num_batched_tokens=8192))
+    chunks = [(8192, 0), (8192, 8192), (3616, 16384)]
+    want = sum(steps(3).time([Seq(n, c, "prefill")]) for n, c in chunks)
+    assert stats.num_steps == 3
+    assert records[0].first_token_s == pytest.approx(want, rel=1e-9) == records[0].finish_s
+
+
+def test_max_num_seqs_runs_requests_one_after_another():
+    trace = Trace(tuple(one_request(600, 20, hash_base=100 * i) for i in range(3)), 512)
+    records, _ = replay(trace, scheduler=SchedulerConfig(max_num_seqs=1))
+    for before, after in itertools.pairwise(records):
+        assert after.first_token_s > before.finish_s
+    together, _ = replay(trace)
+    assert together[2].finish_s < records[2].finish_s
+
+
+def test_accepted_drafts_follow_the_acceptance_model():
+    _, stats = replay(agentx(2), concurrency=2)
+    assert stats.drafts > 10_000
+    # per verification: E(K) - 1 accepted of K drafted (the last step of a request cut short)
+    assert stats.accepted / stats.drafts == pytest.approx((expected_tokens(ALPHAS, 3) - 1) / 3, rel=0.02)
+    _, none = replay(agentx(1), num_drafts=0, alphas=())
+    assert none.drafts == 0 and none.accepted == 0
+
+
+def test_a_request_larger_than_the_pool_is_a_capacity_error_naming_it():
+    trace = Trace((one_request(600, 4), one_request(200_000, 4, at_ms=1.0, hash_base=50)), 512)
+    with pytest.raises(CapacityError, match=r"request 1 \(200000 prompt \+ 4 output tokens\) needs \d+ blocks"):
+        replay(trace, num_blocks=100)
+
+
+def test_k3_on_h200_at_tp8_does_not_fit_and_says_by_how_much():
+    with pytest.raises(ValueError, match=r"80\.5 GB more than the 126\.9 GB usable"):
+        sim_setup(SimBackendConfig(), "kimi_k3", hardware("h200_x8"), toggles())
+
+
+def test_unmodelled_modes_and_models_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"opts\.fusion: mode 'on' is not modelled by backend=sim yet; valid: off"):
+        sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles(fusion="on"))
+    with pytest.raises(ValueError, match=r"model: 'k3_tiny' is not modelled by backend=sim; valid: kimi_k3"):
+        sim_setup(SimBackendConfig(), "k3_tiny", hardware(), toggles())
+
+
+def test_cache_retention_on_raises_the_hit_rate_and_lowers_ttft_under_capacity_pressure():
+    trace = agentx(16)        # 8 live sessions' contexts overflow MI355X's 51.8 GB of cache per rank
+    off, on = (run_point(sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles(cache_retention=mode)), trace,
+                         8, 0)["metrics"] for mode in ("off", "on"))
+    assert on["prefix_hit_rate"] > off["prefix_hit_rate"] + 0.05
+    assert on["ttft_p50_s"] < 0.8 * off["ttft_p50_s"]
+
+
+def test_a_sim_run_writes_the_result_of_a_cell(tmp_path):
+    app = compose_app(["backend=sim", "model=kimi_k3", "hardware=mi355x_x8", "backend.concurrency=[1,2,4]",
+                       "workload.num_sessions=3"])
+    result = run(app, tmp_path)
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["backend"] == "sim" and saved["cell"]["hardware"] == "mi355x_x8"
+    assert [p["concurrency"] for p in saved["points"]] == [1, 2, 4]
+    assert set(saved["metrics"]) >= {"total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate"}
+    slo = saved["cell"]["slo"]
+    if slo["tput_per_gpu"] is None:
+        assert slo["reason"] and "tput_per_gpu_at_slo" not in saved["metrics"]
+    else:
+        assert saved["metrics"]["tokens_per_dollar_at_slo"] == pytest.approx(slo["tput_per_gpu"] * 3600 / 1.5)
+    assert result["metrics"] == saved["metrics"]
+    assert dataclasses.is_dataclass(app.backend) and app.backend.name == "sim"

@@ -1,0 +1,53 @@
+"""The engine's fast step pricing against the exact cost model: the same seconds (relative 1e-9) on fresh random
+steps for every draft count and node, the same rows from the engine's sums as from explicit Seqs, the same
+roofline, and a cost that is not linear in the features refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ablations.backends.sim.cost import Cost, Parallel, Seq, SimModel
+from ablations.backends.sim.step_model import StepModel, exact_costs, fit, probe_steps
+from ablations.backends.sim.timing import roofline_s
+from ablations.config import compose_app
+
+RTOL = 1e-9
+
+
+def node(name: str):
+    return compose_app([f"hardware={name}"]).hardware
+
+
+@pytest.mark.parametrize("num_drafts", [0, 1, 3])
+@pytest.mark.parametrize(("hardware", "moe"), [("mi355x_x8", "ep"), ("b300_x8", "tp")])
+def test_fast_step_time_equals_the_cost_model(num_drafts, hardware, moe):
+    hw, parallel = node(hardware), Parallel(tp=8, moe=moe)
+    model = StepModel(SimModel(), parallel, hw, num_drafts)
+    for seqs in probe_steps(seed=1234, count=25):     # not the fit's probes (seeds 0 and 1)
+        exact = model.exact_time(seqs)
+        assert model.time(seqs) == pytest.approx(exact, rel=RTOL)
+        bound = roofline_s(exact_costs(SimModel(), parallel, seqs, num_drafts), hw)
+        assert model.roofline(seqs) == pytest.approx(bound, rel=RTOL)
+        assert model.time(seqs) >= model.roofline(seqs)
+
+
+def test_the_engine_rows_equal_the_rows_of_explicit_seqs():
+    model = StepModel(SimModel(), Parallel(), node("mi355x_x8"), 3)
+    chunks = [(3000, 20000), (100, 0)]
+    contexts = [1000, 250_000, 7, 64_000]
+    seqs = [Seq(n, c, "prefill") for n, c in chunks] + [Seq(4, c, "verify") for c in contexts]
+    rows = model.batch_features(chunks, len(contexts), np.array([sum(contexts), sum(contexts) + 40]), 4)
+    np.testing.assert_allclose(rows[0], model.features(seqs), rtol=1e-12)
+    later = [Seq(n, c, "prefill") for n, c in chunks] + [Seq(4, c + 10, "verify") for c in contexts]
+    np.testing.assert_allclose(rows[1], model.features(later), rtol=1e-12)
+    only_prefill = model.batch_features(chunks, 0, np.array([0.0]), 4)[0]
+    np.testing.assert_allclose(only_prefill, model.features(seqs[:2]), rtol=1e-12)
+
+
+def test_a_cost_not_linear_in_the_features_is_refused():
+    def squared(seqs):
+        tokens = sum(s.new_tokens for s in seqs)
+        return {"lm_head": Cost(flops=float(tokens) ** 3)}
+    with pytest.raises(ValueError, match=r"gemm\.flops is not linear in the step features"):
+        fit(squared, SimModel())
