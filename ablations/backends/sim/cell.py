@@ -12,7 +12,7 @@ from typing import Any
 
 from ablations.backends.sim.config import KV_DTYPES, SimBackendConfig
 from ablations.backends.sim.cost import Parallel, SimModel
-from ablations.backends.sim.engine import SchedulerConfig, simulate
+from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.step_model import StepModel
 from ablations.backends.sim.timing import cache_capacity_gb
 from ablations.hardware import HardwareConfig
@@ -94,13 +94,14 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))
 
 
-def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int) -> dict[str, Any]:
+def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int,
+              keys: list[list] | None = None) -> dict[str, Any]:
     """The trace replayed at `concurrency` live sessions: the point's steady-state interactivity and throughput
-    per GPU, its metrics over all requests, the engine's stats."""
+    per GPU, its metrics over all requests, the engine's stats (`keys`: the trace's `trace_keys`, when shared)."""
     start = time.perf_counter()
     records, stats = simulate(trace, setup.steps, setup.geometry, setup.num_blocks, free_list_for(setup.retention),
                               resume=resume_for(setup.retention), alphas=setup.alphas, scheduler=setup.scheduler,
-                              concurrency=concurrency, seed=seed)
+                              concurrency=concurrency, seed=seed, keys=keys)
     window = steady_window(records)
     steady = summarize(records, setup.num_gpus, window)
     return {"concurrency": concurrency, "interactivity": steady.interactivity_p90,
@@ -111,23 +112,27 @@ def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int) -> dic
 
 
 def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
-                 toggles: dict[str, ToggleConfig], trace: Trace) -> dict[str, Any]:
+                 toggles: dict[str, ToggleConfig], trace: Trace, *, until_below_target: bool = False) -> dict[str, Any]:
     """The cell: every concurrency of `backend.concurrency`, the frontier, the throughput per GPU at
     `backend.target_interactivity` (absent from the metrics, with the reason in `slo`, when not bracketed) and
-    tokens per dollar there."""
+    tokens per dollar there. `until_below_target`: stop after the first point below the target (the bracket,
+    when interactivity falls with concurrency; what the report's sensitivity runs need)."""
     setup = sim_setup(backend, model_name, hardware, toggles)
     log.info("sim: %s on %s (tp %d, moe %s), %.1f GB of cache per rank (%d blocks of %d tokens), %d drafts; %d "
              "requests; concurrencies %s", model_name, hardware.name, setup.parallel.tp, setup.parallel.moe,
              setup.cache_gb, setup.num_blocks, setup.geometry.block_size, setup.steps.num_drafts, len(trace.requests),
              backend.concurrency)
     points = []
+    keys = trace_keys(trace, setup.geometry.block_size)
     for k, concurrency in enumerate(backend.concurrency, 1):
-        point = run_point(setup, trace, concurrency, backend.seed)
+        point = run_point(setup, trace, concurrency, backend.seed, keys)
         points.append(point)
         log.info("sim: [point %d/%d] concurrency %d: %.1f tokens/s/GPU at P90 %.2f tokens/s/user, TTFT p50 %.2f s, "
                  "hit rate %.3f (%.1f s simulated in %.1f s)", k, len(backend.concurrency), concurrency,
                  point["throughput_per_gpu"], point["interactivity"], point["metrics"]["ttft_p50_s"],
                  point["metrics"]["prefix_hit_rate"], point["simulated_s"], point["wall_s"])
+        if until_below_target and point["interactivity"] < backend.target_interactivity:
+            break
     sweep = [SweepPoint(p["interactivity"], p["throughput_per_gpu"], p["concurrency"]) for p in points]
     slo = throughput_at_slo(sweep, backend.target_interactivity)
     metrics = dict(points[-1]["metrics"])

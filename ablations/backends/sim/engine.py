@@ -77,6 +77,19 @@ class _Run:
         return int(self.cum[steps - 1]) if steps else 0
 
 
+def uniforms(seed: int, stream: int, count: int) -> np.ndarray:
+    """`count` uniforms in [0, 1) of stream `stream` under `seed`: SplitMix64 of a Weyl sequence (Steele, Lea and
+    Flood, 2014), one call per request instead of seeding a generator per request."""
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        start = np.uint64((seed * 0x632BE59BD9B4E019 + stream * 0xD1B54A32D192ED03 + 1) % 2**64)
+        x = start + golden * np.arange(1, count + 1, dtype=np.uint64)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def accepted_draws(seed: int, rid: int, alphas: Sequence[float], num_steps: int) -> np.ndarray:
     """Accepted drafts per verification for request `rid`: draft j is accepted, given 1..j-1 were, with
     probability alphas[j-1], so at least j are accepted with probability c_j = alphas[0]···alphas[j-1]; one
@@ -84,7 +97,7 @@ def accepted_draws(seed: int, rid: int, alphas: Sequence[float], num_steps: int)
     the batch."""
     if not alphas:
         return np.zeros(num_steps, dtype=np.int64)
-    u = np.random.Generator(np.random.PCG64([seed, rid])).random(num_steps)
+    u = uniforms(seed, rid, num_steps)
     return (u[:, None] < np.cumprod(alphas)[None, :]).sum(axis=1)
 
 
@@ -96,12 +109,13 @@ def _schedule(trace: Trace, concurrency: int | None):
 
 def simulate(trace: Trace, model: StepModel, geometry: CacheGeometry, num_blocks: int, free_list, *,
              resume: Resume | None, alphas: Sequence[float] = (), scheduler: SchedulerConfig = SchedulerConfig(),
-             concurrency: int | None = None, seed: int = 0, stretches: bool = True,
+             concurrency: int | None = None, seed: int = 0, stretches: bool = True, keys: list[list] | None = None,
              progress: Callable[[int, int, float], None] | None = None) -> tuple[list[RequestRecord], EngineStats]:
     """Replay `trace` (closed loop over its sessions, at most `concurrency` live; a trace without sessions at its
     timestamps) through the engine; per-request records in trace order and the engine's stats. `alphas`: the
     conditional acceptance rates of `model.num_drafts` drafts (empty without speculation). `progress(finished,
-    total, now_s)` is called as requests finish. `stretches=False` prices every step on its own (the reference
+    total, now_s)` is called as requests finish. `keys`: `trace_keys(trace, geometry.block_size)`, when several
+    replays of the trace share them. `stretches=False` prices every step on its own (the reference
     the stretches are tested against)."""
     k = model.num_drafts
     if len(alphas) != k:
@@ -111,8 +125,26 @@ def simulate(trace: Trace, model: StepModel, geometry: CacheGeometry, num_blocks
         raise ValueError(f"scheduler.max_num_batched_tokens: {scheduler.max_num_batched_tokens} is less than one "
                          f"verification ({q} tokens)")
     with no_cycle_collection():
-        return _Engine(trace, model, geometry, num_blocks, free_list, resume, tuple(alphas), scheduler, seed,
-                       progress, stretches).run(_schedule(trace, concurrency))
+        engine = _Engine(trace, model, geometry, num_blocks, free_list, resume, tuple(alphas), scheduler, seed,
+                         progress, stretches)
+        if keys is not None:
+            if len(keys) != len(trace.requests):
+                raise ValueError(f"keys: {len(keys)} lists for {len(trace.requests)} requests")
+            engine.keys = dict(enumerate(keys))
+        return engine.run(_schedule(trace, concurrency))
+
+
+def cache_requests(trace: Trace) -> list[CacheRequest]:
+    """The trace's requests as the pool sees them, in trace order (`continues`: the trace index of the turn a
+    request continues); times are the engine's, not these."""
+    previous_of, ids = continuations(trace)
+    return [CacheRequest(0.0, 0.0, r.input_length, r.output_length, ids[i], r.session, previous_of.get(i),
+                         r.parent_session) for i, r in enumerate(trace.requests)]
+
+
+def trace_keys(trace: Trace, block_size: int) -> list[list]:
+    """The pool's block names of every request of `trace` at `block_size` (what every replay of it names)."""
+    return [request_keys(r, i, block_size, trace.block_size) for i, r in enumerate(cache_requests(trace))]
 
 
 class _Engine:
@@ -124,10 +156,7 @@ class _Engine:
         self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size)
         if hasattr(free_list, "bind"):
             free_list.bind(self.pool)
-        previous_of, ids = continuations(trace)
-        self.previous_of = previous_of
-        self.requests = [CacheRequest(0.0, 0.0, r.input_length, r.output_length, ids[i], r.session,
-                                      previous_of.get(i), r.parent_session) for i, r in enumerate(trace.requests)]
+        self.requests = cache_requests(trace)
         self.stats = EngineStats()
         self.keys: dict[int, list] = {}
 
@@ -145,10 +174,21 @@ class _Engine:
         keys = self.keys.get(rid)
         if keys is None:
             keys = self.keys[rid] = request_keys(r, rid, self.pool.block_size, self.pool.chunk_size)
-        hit = self.pool.admit(rid, r, keys, previous, now)
-        if hit is not None:
-            del self.keys[rid]
-        return hit
+        return self.pool.admit(rid, r, keys, previous, now)
+
+    @staticmethod
+    def _stretch(batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int) -> int:
+        """How many steps from now are alike but for their contexts: none of the batch finishes before the last,
+        and either no prefill runs or one prefill takes the whole budget without completing its prompt (so no
+        admission can happen either)."""
+        steps = min((run.steps - run.done for run in batch), default=math.inf)
+        if chunks:
+            (run, chunk), *others = chunks
+            remaining = run.prompt - run.computed
+            if others or budget_left or remaining <= chunk:
+                return 1
+            steps = min(steps, -(-remaining // chunk) - 1)
+        return max(int(steps), 1)
 
     def run(self, schedule) -> tuple[list[RequestRecord], EngineStats]:
         sched, pool, model, q = self.scheduler, self.pool, self.model, self.q
@@ -210,22 +250,21 @@ class _Engine:
                 chunk = min(run.prompt - run.computed, budget)
                 chunks.append((run, chunk))
                 budget -= chunk
-            steps = 1
-            if not chunks and self.stretches:     # only decoding until a request finishes or a release is due
-                steps = min(run.steps - run.done for run in decoding[:num_decodes])
             batch = decoding[:num_decodes]
+            steps = self._stretch(batch, chunks, budget) if self.stretches else 1
             base = sum(run.computed for run in batch)
-            if steps > 1:
-                grown = np.zeros(steps)
-                for run in batch:
-                    before = run.emitted(run.done)
-                    grown[1:] += run.cum[run.done:run.done + steps - 1] - before
-                context = base + grown
+            context = np.full(steps, float(base))
+            for run in batch if steps > 1 else ():
+                context[1:] += run.cum[run.done:run.done + steps - 1] - run.emitted(run.done)
+            if steps > 1:       # one chunk, the whole budget each step: its context grows by the chunk
+                (run, chunk), = chunks or ((None, 0),)
+                prefill = [(chunk, run.computed + chunk * np.arange(steps))] if chunks else []
             else:
-                context = np.array([float(base)])
-            rows = model.batch_features([(c, run.computed) for run, c in chunks], num_decodes, context, q)
+                prefill = [(chunk, run.computed) for run, chunk in chunks]
+            rows = model.batch_features(prefill, num_decodes, context, q)
             durations = model.times(rows)
-            if steps > 1 and releases:
+            admissible = budget and not blocked and len(prefilling) + len(decoding) < sched.max_num_seqs
+            if steps > 1 and releases and admissible:      # a release is admitted at the first step after it
                 starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
                 steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
                 durations, rows = durations[:steps], rows[:steps]
@@ -242,7 +281,7 @@ class _Engine:
             self.stats.drafts += steps * num_decodes * (q - 1)
             done = [run for run in batch if run.done == run.steps]
             for run, chunk in chunks:
-                run.computed += chunk
+                run.computed += chunk * steps
                 if run.computed == run.prompt:
                     run.first_s = now
                     prefilling.remove(run)

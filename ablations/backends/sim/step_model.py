@@ -145,21 +145,19 @@ class StepModel:
         """The step's feature row: its `features`, then those of each later MTP pass."""
         return np.concatenate((features(self.model, seqs), features(self.model, draft_seqs(seqs))))
 
-    def batch_features(self, chunks: Sequence[tuple[int, int]], num_decodes: int, decode_context: np.ndarray,
-                       tokens_per_decode: int) -> np.ndarray:
-        """Rows [steps, 2 · features] of steps holding the prefill `chunks` ((new, cached) tokens each) and
-        `num_decodes` decoding requests of `tokens_per_decode` tokens each (1 + drafts) whose contexts sum to each
-        of `decode_context` [steps]: `features` of the step, then of each later MTP pass (`draft_seqs`), built
-        from the sums alone, as the engine keeps them."""
+    def batch_features(self, chunks: Sequence[tuple[int, float | np.ndarray]], num_decodes: int,
+                       decode_context: np.ndarray, tokens_per_decode: int) -> np.ndarray:
+        """Rows [steps, 2 · features] of steps holding the prefill `chunks` ((new tokens, cached tokens before
+        them: a number, or one per step)) and `num_decodes` decoding requests of `tokens_per_decode` tokens each
+        (1 + drafts) whose contexts sum to each of `decode_context` [steps]: `features` of the step, then of each
+        later MTP pass (`draft_seqs`), built from the sums alone, as the engine keeps them."""
         n, q = num_decodes, tokens_per_decode
         head = [0.0] * NUM_FEATURES
         tokens = n * q
-        for new, cached in chunks:
+        for new, _ in chunks:
             head[2] = 1.0
             head[3] += 1
             head[4] += new
-            head[5] += cached
-            head[6] += new * cached
             head[7] += new * new
             tokens += new
         if tokens:
@@ -171,6 +169,9 @@ class StepModel:
             draft[8:14] = (1.0, n, n, 0.0, 0.0, n)
         c = np.asarray(decode_context, dtype=float)
         rows = np.tile(np.array(head + draft), (c.size, 1))
+        for new, cached in chunks:
+            rows[:, 5] += cached
+            rows[:, 6] += new * cached
         if n:
             rows[:, 11] = c
             rows[:, 12] = q * c

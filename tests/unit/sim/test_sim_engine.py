@@ -16,7 +16,7 @@ from ablations.__main__ import run
 from ablations.backends.sim.cell import run_point, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
-from ablations.backends.sim.engine import SchedulerConfig, simulate
+from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.step_model import StepModel
 from ablations.config import compose_app
 from ablations.workload.generate import generate
@@ -70,11 +70,13 @@ def test_stretches_price_every_step_exactly_as_one_at_a_time():
 def test_the_same_config_and_seed_give_the_same_bytes():
     setup = sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles())
 
-    def result(seed: int) -> str:
-        point = run_point(setup, agentx(2), 2, seed)
+    keys = trace_keys(agentx(2), setup.geometry.block_size)
+
+    def result(seed: int, shared=None) -> str:
+        point = run_point(setup, agentx(2), 2, seed, shared)
         point.pop("wall_s")
         return json.dumps(point, sort_keys=True)
-    assert result(0) == result(0)
+    assert result(0) == result(0) == result(0, keys) == result(0, keys)      # keys shared by replays, never changed
     assert result(0) != result(1)
 
 

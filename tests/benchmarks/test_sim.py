@@ -1,0 +1,47 @@
+"""The simulator under pytest-benchmark: `agentx` (4,622 requests) at one concurrency (goal: under 3 s) and the
+default 8-point sweep (goal: under 20 s), Kimi K3 on MI355X with every toggle off. Times go to `extra_info` and
+the simulator's README, never into an assertion."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
+from ablations.backends.sim.config import SimBackendConfig
+from ablations.config import compose_app
+from ablations.workload import load_workload
+
+CONCURRENCY = 4
+
+
+def agentx_app():
+    return compose_app(["backend=sim", "model=kimi_k3", "hardware=mi355x_x8", "workload=agentx"])
+
+
+@pytest.mark.slow
+def test_agentx_at_one_concurrency(benchmark) -> None:
+    app = agentx_app()
+    trace = load_workload(app.workload)
+    setup = sim_setup(app.backend, app.model.name, app.hardware, app.toggles())
+    benchmark.group = "sim"
+    point = benchmark.pedantic(lambda: run_point(setup, trace, CONCURRENCY, 0), rounds=1, iterations=1)
+    benchmark.extra_info.update({"case": f"agentx_c{CONCURRENCY}", "requests": len(trace.requests),
+                                 "wall_s": point["wall_s"], "simulated_s": point["simulated_s"],
+                                 "steps": point["engine"]["num_steps"]})
+    assert len(trace.requests) > 4000 and point["engine"]["num_steps"] > 100_000
+
+
+@pytest.mark.heavy
+def test_agentx_eight_point_sweep(benchmark) -> None:
+    app = agentx_app()
+    trace = load_workload(app.workload)
+    assert len(SimBackendConfig().concurrency) == 8
+    start = time.perf_counter()
+    benchmark.group = "sim"
+    cell = benchmark.pedantic(lambda: run_sim_cell(app.backend, app.model.name, app.hardware, app.toggles(), trace),
+                              rounds=1, iterations=1)
+    benchmark.extra_info.update({"case": "agentx_8_points", "wall_s": time.perf_counter() - start,
+                                 "tput_per_gpu_at_slo": cell["slo"]["tput_per_gpu"]})
+    assert len(cell["points"]) == 8
