@@ -87,6 +87,7 @@ class _Running:
     state: list[int] | None
     num_hashed: int
     session: str | None
+    next_block: int = 0     # the decode block `grow` allocates next (its index k: tokens k·B + 1 onward)
 
 
 class HybridPool:
@@ -112,6 +113,7 @@ class HybridPool:
         self.running: dict[int, _Running] = {}
         self.num_evictions = 0
         self.num_resumes = 0
+        self.num_preemptions = 0
         self.checkpoint_bytes = 0
 
     # blocks
@@ -234,12 +236,13 @@ class HybridPool:
                     return point, True, found
         return hit, False, found
 
-    def blocks_needed(self, request: CacheRequest, hit: int) -> int:
+    def blocks_needed(self, request: CacheRequest, hit: int, upto: int | None = None) -> int:
         """Pool blocks the request takes from the free list at its peak, beyond a hit of `hit` tokens (which
-        holds its blocks and one state): its attention blocks, and two states at once."""
+        holds its blocks and one state): its attention blocks, and two states at once (`upto`: for its first
+        `upto` computed tokens only, the rest left to `grow`)."""
         g, size = self.geometry, self.block_size
         held = -(-hit // size)
-        total = -(-request.num_processed_tokens // size)
+        total = -(-min(request.num_processed_tokens, upto or request.num_processed_tokens) // size)
         need = (total - held) * g.num_attn_groups + (1 if hit else 2) * g.num_state_groups
         if self.resume is not None and self.resume.at_prompt_tail and request.session is not None:
             point = self.resume.point(request)
@@ -250,9 +253,10 @@ class HybridPool:
         return need
 
     def admit(self, index: int, request: CacheRequest, keys: list, previous: CacheRequest | None,
-              now_s: float) -> int | None:
+              now_s: float, upto: int | None = None) -> int | None:
         """Run the request's prefill and decode allocations; its hit in tokens, or None when the free blocks
-        (after the hit's own) are too few now."""
+        (after the hit's own) are too few now. `upto` (at least the prompt): allocate for the first `upto`
+        computed tokens only and leave the rest to `grow`, as vLLM allocates while a request decodes."""
         g, size, session = self.geometry, self.block_size, request.session
         hit, is_resume, found = self.find_hit(request, keys, previous)
         leading, num_hit_blocks = len(found), hit // size
@@ -266,7 +270,7 @@ class HybridPool:
             partial = None
         touched = [b for blocks in hit_attn for b in blocks] + (state or []) + (partial or [])
         num_touched_free = sum(1 for b in set(touched) if self.ref[b] == 0)
-        if self.num_free() - num_touched_free < self.blocks_needed(request, hit):
+        if self.num_free() - num_touched_free < self.blocks_needed(request, hit, upto):
             return None
         self.free.note_admit(session, now_s, index, request.parent)
         if state:
@@ -293,12 +297,40 @@ class HybridPool:
         self._step(run, keys, end=prompt, cache_state=False)
         if self.resume is not None and self.resume.at_prompt_tail and session is not None:
             self._keep_prompt_tail(run, request, index)
-        for k in range(-(-prompt // size), processed // size + 1):
+        run.next_block = -(-prompt // size)
+        if not self.grow(index, request, keys, processed if upto is None else upto):
+            raise RuntimeError(f"request {index}: admitted with too few blocks for its decode (blocks_needed)")
+        return hit
+
+    def grow(self, index: int, request: CacheRequest, keys: list, upto: int) -> bool:
+        """The running request's decode allocations up to its first `upto` computed tokens: a block and a new
+        state at each block boundary, full blocks cached. False, changing nothing, when the free blocks are too
+        few (vLLM then preempts a request)."""
+        run = self.running[index]
+        g, size = self.geometry, self.block_size
+        prompt, processed = request.num_prompt_tokens, request.num_processed_tokens
+        upto = min(upto, processed)
+        blocks = range(run.next_block, (processed // size if upto == processed else (upto - 1) // size) + 1)
+        steps = sum(1 for k in blocks if k * size <= processed - 1)
+        if steps and self.num_free() < steps * g.num_attn_groups + g.num_state_groups:
+            return False
+        for k in blocks:
             if k * size > prompt:
                 self._cache_full(run, keys, k * size)
             if k * size <= processed - 1:
                 self._step(run, keys, end=k * size + 1, cache_state=False, decode=True)
-        return hit
+        run.next_block = max(run.next_block, blocks.stop)
+        return True
+
+    def preempt(self, index: int) -> None:
+        """Free a running request's blocks as vLLM does when it preempts one (cached blocks stay cached, to the
+        back of the free list); it is admitted again later from its cached prefix."""
+        run = self.running.pop(index)
+        for bid in run.state:
+            self._free([bid])
+        for blocks in run.attn:
+            self._free(blocks[::-1])
+        self.num_preemptions += 1
 
     def _step(self, run: _Running, keys: list, *, end: int, cache_state: bool, decode: bool = False) -> None:
         """One scheduler step that computes up to token `end`: new state block, new attention blocks, cache,

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
+import os
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -111,12 +115,36 @@ def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int,
             "wall_s": time.perf_counter() - start}
 
 
+_SHARED: dict[str, Any] = {}      # what forked workers read: the setup, trace and keys, never pickled
+
+
+def _point_task(concurrency: int) -> dict[str, Any]:
+    setup, trace, keys, seed = _SHARED["point"]
+    return run_point(setup, trace, concurrency, seed, keys)
+
+
+def _points(setup: SimSetup, trace: Trace, keys: list[list], concurrencies: list[int], seed: int,
+            workers: int) -> Iterator[dict[str, Any]]:
+    """The points in sweep order, computed on `workers` forked processes (each point is independent and seeded,
+    so the results do not depend on the workers)."""
+    if workers <= 1:
+        for concurrency in concurrencies:
+            yield run_point(setup, trace, concurrency, seed, keys)
+        return
+    _SHARED["point"] = (setup, trace, keys, seed)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            yield from pool.map(_point_task, concurrencies)
+    finally:
+        _SHARED.clear()
+
+
 def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
                  toggles: dict[str, ToggleConfig], trace: Trace, *, until_below_target: bool = False) -> dict[str, Any]:
     """The cell: every concurrency of `backend.concurrency`, the frontier, the throughput per GPU at
     `backend.target_interactivity` (absent from the metrics, with the reason in `slo`, when not bracketed) and
     tokens per dollar there. `until_below_target`: stop after the first point below the target (the bracket,
-    when interactivity falls with concurrency; what the report's sensitivity runs need)."""
+    when interactivity falls with concurrency; what the report's sensitivity runs need; one point at a time)."""
     setup = sim_setup(backend, model_name, hardware, toggles)
     log.info("sim: %s on %s (tp %d, moe %s), %.1f GB of cache per rank (%d blocks of %d tokens), %d drafts; %d "
              "requests; concurrencies %s", model_name, hardware.name, setup.parallel.tp, setup.parallel.moe,
@@ -124,8 +152,9 @@ def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareC
              backend.concurrency)
     points = []
     keys = trace_keys(trace, setup.geometry.block_size)
-    for k, concurrency in enumerate(backend.concurrency, 1):
-        point = run_point(setup, trace, concurrency, backend.seed, keys)
+    workers = 1 if until_below_target else min(backend.workers or os.cpu_count() or 1, len(backend.concurrency))
+    for k, point in enumerate(_points(setup, trace, keys, backend.concurrency, backend.seed, workers), 1):
+        concurrency = point["concurrency"]
         points.append(point)
         log.info("sim: [point %d/%d] concurrency %d: %.1f tokens/s/GPU at P90 %.2f tokens/s/user, TTFT p50 %.2f s, "
                  "hit rate %.3f (%.1f s simulated in %.1f s)", k, len(backend.concurrency), concurrency,

@@ -18,7 +18,8 @@ class SimBackendConfig:
     cache in `kv_dtype`; vLLM's scheduler limits; the closed-loop `concurrency` sweep (live sessions per point;
     dense where K3 on agentx crosses 50 tok/s/user on an 8-GPU node, between 3 and 5) and the
     `target_interactivity` (tok/s/user) the headline reads the frontier at; `cache_gb` (0: what the node has left
-    after weights and a 10% reserve) sets the prefix cache per rank; `seed` draws the accepted drafts."""
+    after weights and a 10% reserve) sets the prefix cache per rank; `seed` draws the accepted drafts; `workers`
+    processes run the sweep's points (0: one per core; 1: this process)."""
 
     name: str = "sim"
     tp: int = 0
@@ -30,14 +31,15 @@ class SimBackendConfig:
     target_interactivity: float = 50.0
     cache_gb: float = 0.0
     seed: int = 0
+    workers: int = 0
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ValueError:
             return ValueError(f"backend.{name}: invalid value {getattr(self, name)!r}; valid: {valid}")
 
-        for name in ("max_num_batched_tokens", "max_num_seqs", "tp", "seed"):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "tp", "seed", "workers"):
             value = getattr(self, name)
-            low = 0 if name in ("tp", "seed") else 1
+            low = 0 if name in ("tp", "seed", "workers") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise bad(name, f"an integer >= {low}")
         if self.moe not in MOE_SPLITS:

@@ -12,6 +12,7 @@ step (README.md, "The engine").
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -48,10 +49,11 @@ class SchedulerConfig:
 @dataclass
 class EngineStats:
     """What the engine did: steps (and how many were priced in a stretch), busy time, drafts proposed and
-    accepted, the smallest ratio of a step's time to its roofline (never below 1), the cache."""
+    accepted, preemptions, the smallest ratio of a step's time to its roofline (never below 1), the cache."""
 
     num_steps: int = 0
     num_stretch_steps: int = 0
+    num_preemptions: int = 0
     busy_s: float = 0.0
     min_roofline_ratio: float = math.inf
     drafts: int = 0
@@ -59,9 +61,10 @@ class EngineStats:
     cache: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(eq=False)      # a run is itself: list membership by identity
 class _Run:
     rid: int
+    request: CacheRequest    # as the pool holds it (after a preemption: its prompt is all it had computed)
     prompt: int
     output: int
     computed: int
@@ -71,6 +74,11 @@ class _Run:
     steps: int               # decode steps to finish
     done: int = 0
     first_s: float = math.nan
+
+    @property
+    def target(self) -> int:
+        """Tokens the (re)prefill computes."""
+        return self.request.num_prompt_tokens
 
     def emitted(self, steps: int) -> int:
         """Tokens after the first emitted by this run's first `steps` decode steps."""
@@ -166,108 +174,193 @@ class _Engine:
         emitted = 1 + accepted_draws(self.seed, rid, self.alphas, max(rest, 1))
         cum = np.minimum(np.cumsum(emitted), rest)
         steps = int(np.searchsorted(cum, rest)) + 1 if rest else 0
-        return _Run(rid, r.num_prompt_tokens, r.num_output_tokens, hit, hit, arrival_s, cum[:steps], steps)
+        return _Run(rid, r, r.num_prompt_tokens, r.num_output_tokens, hit, hit, arrival_s, cum[:steps], steps)
 
-    def _admit(self, rid: int, now: float) -> int | None:
-        r = self.requests[rid]
-        previous = self.requests[r.continues] if r.continues is not None else None
+    def _keys(self, rid: int) -> list:
         keys = self.keys.get(rid)
         if keys is None:
-            keys = self.keys[rid] = request_keys(r, rid, self.pool.block_size, self.pool.chunk_size)
-        return self.pool.admit(rid, r, keys, previous, now)
+            keys = self.keys[rid] = request_keys(self.requests[rid], rid, self.pool.block_size, self.pool.chunk_size)
+        return keys
+
+    def _admit(self, rid: int, request: CacheRequest, now: float) -> int | None:
+        """The pool admits `request` with blocks for its prompt (the rest comes as it decodes), or None."""
+        pool = self.pool
+        if pool.blocks_needed(request, 0) > pool.num_blocks:
+            raise CapacityError(f"{self.trace.source or 'trace'}: request {rid} ({request.num_prompt_tokens} prompt + "
+                                f"{request.num_output_tokens} output tokens) needs {pool.blocks_needed(request, 0)} "
+                                f"blocks of {pool.block_size} tokens; the pool has {pool.num_blocks}")
+        r = self.requests[rid]
+        previous = self.requests[r.continues] if r.continues is not None else None
+        return pool.admit(rid, request, self._keys(rid), previous, now, upto=request.num_prompt_tokens)
+
+    def _grow(self, run: _Run, upto: int) -> bool:
+        return self.pool.grow(run.rid, run.request, self._keys(run.rid), upto)
 
     @staticmethod
     def _stretch(batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int) -> int:
         """How many steps from now are alike but for their contexts: none of the batch finishes before the last,
-        and either no prefill runs or one prefill takes the whole budget without completing its prompt (so no
-        admission can happen either)."""
+        and either no prefill runs or one prefill takes the whole budget without completing (so no admission
+        can happen either)."""
         steps = min((run.steps - run.done for run in batch), default=math.inf)
         if chunks:
             (run, chunk), *others = chunks
-            remaining = run.prompt - run.computed
+            remaining = run.target - run.computed
             if others or budget_left or remaining <= chunk:
                 return 1
             steps = min(steps, -(-remaining // chunk) - 1)
         return max(int(steps), 1)
+
+    def _grow_stretch(self, batch: list[_Run], steps: int) -> int:
+        """Allocate the blocks the batch's verifications need over steps 1..steps-1 of a stretch, in the order
+        step by step would (by step, then batch order); the steps that can run before an allocation fails. A run
+        needs `pool.grow` when its tokens (computed + 1 + K) pass a block boundary or reach its last token."""
+        size, q = self.pool.block_size, self.q
+        events = []
+        for pos, run in enumerate(batch):
+            processed = run.request.num_processed_tokens
+            grown = run.cum[run.done:run.done + steps - 1]      # tokens after step j + 1, less those before
+            offset = run.computed + q - run.emitted(run.done)   # upto at step j = offset + grown[j - 1]
+            block = self.pool.running[run.rid].next_block
+            while True:
+                need = min(block * size + 1, processed)             # the next upto that allocates (or ends)
+                j = int(np.searchsorted(grown, need - offset))      # first index with offset + grown >= need
+                if j >= grown.size or block > processed // size:
+                    break
+                upto = min(offset + int(grown[j]), processed)
+                events.append((j + 1, pos, upto))
+                if upto == processed:
+                    break
+                block = (upto - 1) // size + 1
+        for j, pos, upto in sorted(events):
+            if not self._grow(batch[pos], upto):
+                return j
+        return steps
 
     def run(self, schedule) -> tuple[list[RequestRecord], EngineStats]:
         sched, pool, model, q = self.scheduler, self.pool, self.model, self.q
         releases = [(rel.ready_s, rel.request_id) for rel in schedule.initial()]
         heapq.heapify(releases)
         waiting: deque[tuple[int, float]] = deque()
+        running: list[_Run] = []        # admission order: vLLM preempts from its end
         prefilling: list[_Run] = []
         decoding: list[_Run] = []
+        preempted: dict[int, _Run] = {}
         records: dict[int, RequestRecord] = {}
         total, now = len(self.requests), 0.0
-        blocked = False         # the waiting head did not fit: nothing changes that before a request finishes
+        blocked = False         # the waiting head did not fit: nothing changes that before blocks are freed
 
         def finish(run: _Run, t: float) -> None:
-            r = self.requests[run.rid]
-            self.stats.accepted += max(run.output - 1 - run.steps, 0)
-            pool.finish(run.rid, r, t)
-            records[run.rid] = RequestRecord(run.arrival_s, run.first_s, t, run.prompt, run.output, run.hit)
             nonlocal blocked
+            self.stats.accepted += max(run.output - 1 - run.steps, 0)
+            pool.finish(run.rid, run.request, t)
+            running.remove(run)
+            records[run.rid] = RequestRecord(run.arrival_s, run.first_s, t, run.prompt, run.output, run.hit)
             blocked = False
             for rel in schedule.on_finish(run.rid, t):
                 heapq.heappush(releases, (rel.ready_s, rel.request_id))
             if self.progress is not None:
                 self.progress(len(records), total, t)
 
-        while releases or waiting or prefilling or decoding:
+        def preempt(run: _Run) -> None:
+            """vLLM's recompute preemption: the blocks freed, back to the head of the queue; admitted again, it
+            prefills all it had computed (from what is still cached) and decodes on."""
+            nonlocal blocked
+            pool.preempt(run.rid)
+            running.remove(run)
+            (decoding if run in decoding else prefilling).remove(run)
+            r = self.requests[run.rid]
+            target = max(run.computed, r.num_prompt_tokens)
+            run.request = dataclasses.replace(r, num_prompt_tokens=target,
+                                              num_output_tokens=r.num_processed_tokens + 1 - target)
+            preempted[run.rid] = run
+            waiting.appendleft((run.rid, run.arrival_s))
+            self.stats.num_preemptions += 1
+            blocked = False
+
+        while releases or waiting or running:
             while releases and releases[0][0] <= now:
                 ready, rid = heapq.heappop(releases)
                 r = self.requests[rid]
                 pool.free.note_admit(r.session, ready, rid, r.parent)
                 waiting.append((rid, ready))
-            if not (waiting or prefilling or decoding):
+            if not (waiting or running):
                 now = releases[0][0]
                 continue
             budget = sched.max_num_batched_tokens
-            num_decodes = min(len(decoding), budget // q)
-            budget -= num_decodes * q
+            batch: list[_Run] = []
+            num_preempted = self.stats.num_preemptions
+            for run in list(decoding):
+                if budget < q:
+                    break
+                if run not in decoding:         # preempted for an earlier one this step
+                    continue
+                while not self._grow(run, run.computed + q):
+                    victim = running[-1]
+                    if victim in batch:
+                        batch.remove(victim)
+                        budget += q
+                    preempt(victim)
+                    if victim is run:
+                        break
+                if run in decoding:
+                    batch.append(run)
+                    budget -= q
             chunks: list[tuple[_Run, int]] = []
             for run in prefilling:
                 if not budget:
                     break
-                chunk = min(run.prompt - run.computed, budget)
+                chunk = min(run.target - run.computed, budget)
                 chunks.append((run, chunk))
                 budget -= chunk
-            while waiting and budget and not blocked and len(prefilling) + len(decoding) < sched.max_num_seqs:
+            while (waiting and budget and not blocked and len(running) < sched.max_num_seqs
+                   and self.stats.num_preemptions == num_preempted):      # vLLM admits nothing in a step that preempts
                 rid, ready = waiting[0]
-                hit = self._admit(rid, now)
+                run = preempted.get(rid)
+                hit = self._admit(rid, run.request if run else self.requests[rid], now)
                 if hit is None:
                     blocked = True
-                    if not (prefilling or decoding):
-                        r = self.requests[rid]
-                        raise CapacityError(f"{self.trace.source or 'trace'}: request {rid} ({r.num_prompt_tokens} "
-                                            f"prompt + {r.num_output_tokens} output tokens) needs "
-                                            f"{pool.blocks_needed(r, 0)} blocks of {pool.block_size} tokens; the "
-                                            f"pool has {pool.num_blocks}")
                     break
                 waiting.popleft()
-                run = self._new_run(rid, hit, ready)
+                if run:
+                    del preempted[rid]
+                    run.computed = hit
+                else:
+                    run = self._new_run(rid, hit, ready)
+                running.append(run)
                 prefilling.append(run)
-                chunk = min(run.prompt - run.computed, budget)
+                chunk = min(run.target - run.computed, budget)
                 chunks.append((run, chunk))
                 budget -= chunk
-            batch = decoding[:num_decodes]
-            steps = self._stretch(batch, chunks, budget) if self.stretches else 1
+            if not (batch or chunks):
+                if running:
+                    raise RuntimeError(f"sim engine: nothing schedulable at {now:.3f} s with {len(running)} running")
+                rid = waiting[0][0]
+                r = self.requests[rid]
+                raise CapacityError(f"{self.trace.source or 'trace'}: request {rid} ({r.num_prompt_tokens} prompt + "
+                                    f"{r.num_output_tokens} output tokens) does not fit in the {pool.num_blocks} "
+                                    f"blocks the cached prefixes leave")
+            # a step that preempted admitted nothing: the next one tries the queue again
+            alike = self.stretches and self.stats.num_preemptions == num_preempted
+            steps = self._stretch(batch, chunks, budget) if alike else 1
+            num_decodes = len(batch)
             base = sum(run.computed for run in batch)
             context = np.full(steps, float(base))
             for run in batch if steps > 1 else ():
                 context[1:] += run.cum[run.done:run.done + steps - 1] - run.emitted(run.done)
-            if steps > 1:       # one chunk, the whole budget each step: its context grows by the chunk
-                (run, chunk), = chunks or ((None, 0),)
-                prefill = [(chunk, run.computed + chunk * np.arange(steps))] if chunks else []
+            if steps > 1 and chunks:     # one chunk, the whole budget each step: its context grows by the chunk
+                (run, chunk), = chunks
+                prefill = [(chunk, run.computed + chunk * np.arange(steps))]
             else:
                 prefill = [(chunk, run.computed) for run, chunk in chunks]
             rows = model.batch_features(prefill, num_decodes, context, q)
             durations = model.times(rows)
-            admissible = budget and not blocked and len(prefilling) + len(decoding) < sched.max_num_seqs
+            admissible = budget and not blocked and len(running) < sched.max_num_seqs
             if steps > 1 and releases and admissible:      # a release is admitted at the first step after it
                 starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
                 steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
-                durations, rows = durations[:steps], rows[:steps]
+            if steps > 1:       # the blocks the stretch's later verifications need, or fewer steps
+                steps = max(1, self._grow_stretch(batch, steps))
+            durations, rows = durations[:steps], rows[:steps]
             self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
                                                 float((durations / model.rooflines(rows)).min()))
             now += float(durations.sum())
@@ -282,10 +375,11 @@ class _Engine:
             done = [run for run in batch if run.done == run.steps]
             for run, chunk in chunks:
                 run.computed += chunk * steps
-                if run.computed == run.prompt:
-                    run.first_s = now
+                if run.computed == run.target:
+                    if math.isnan(run.first_s):
+                        run.first_s = now
                     prefilling.remove(run)
-                    if run.steps:
+                    if run.done < run.steps:
                         decoding.append(run)
                     else:
                         done.append(run)
@@ -295,5 +389,6 @@ class _Engine:
                 finish(run, now)
         self.stats.cache = {"hit_rate": sum(r.cached_tokens for r in records.values())
                             / sum(r.input_tokens for r in records.values()),
-                            "num_evictions": pool.num_evictions, "num_resumes": pool.num_resumes}
+                            "num_evictions": pool.num_evictions, "num_resumes": pool.num_resumes,
+                            "num_preemptions": pool.num_preemptions}
         return [records[i] for i in range(total)], self.stats

@@ -64,7 +64,8 @@ def run_cell(hardware: str, opts: str, value: str | None = None, factor: float =
     app = compose(hardware, opts, overrides)
     hw = app.hardware if value is None else scaled(app.hardware, value, factor)
     trace = _trace(json.dumps(dataclasses.asdict(app.workload), sort_keys=True))
-    cell = run_sim_cell(app.backend, app.model.name, hw, app.toggles(), trace,
+    backend = dataclasses.replace(app.backend, workers=1)      # the report runs its cells side by side
+    cell = run_sim_cell(backend, app.model.name, hw, app.toggles(), trace,
                         until_below_target=value is not None)
     slo = cell["slo"]["tput_per_gpu"]
     return {"hardware": hardware, "opts": opts, "value": value, "factor": factor,

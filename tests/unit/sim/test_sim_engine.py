@@ -13,7 +13,7 @@ from functools import cache
 import pytest
 
 from ablations.__main__ import run
-from ablations.backends.sim.cell import run_point, sim_setup
+from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
 from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
@@ -110,6 +110,22 @@ def test_max_num_seqs_runs_requests_one_after_another():
     assert together[2].finish_s < records[2].finish_s
 
 
+@pytest.mark.parametrize("num_blocks", [40, 60])
+def test_requests_that_outgrow_the_cache_are_preempted_and_recomputed(num_blocks):
+    # 12 requests of 3,000 + 3,000 tokens at once: admitted on their prompts' blocks, they run out while decoding
+    trace = Trace(tuple(one_request(3000, 3000, hash_base=100 * i) for i in range(12)), 512)
+    records, stats = replay(trace, num_blocks=num_blocks)
+    assert stats.num_preemptions > 0 and stats.cache["num_preemptions"] == stats.num_preemptions
+    assert [r.output_tokens for r in records] == [3000] * 12
+    slow, slow_stats = replay(trace, num_blocks=num_blocks, stretches=False)
+    assert slow_stats.num_preemptions == stats.num_preemptions and slow_stats.num_steps == stats.num_steps
+    for a, b in zip(records, slow, strict=True):
+        assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9)
+        assert a.first_token_s == pytest.approx(b.first_token_s, rel=1e-9)
+    roomy, roomy_stats = replay(trace, num_blocks=400)
+    assert roomy_stats.num_preemptions == 0 and max(r.finish_s for r in roomy) < max(r.finish_s for r in records)
+
+
 def test_accepted_drafts_follow_the_acceptance_model():
     _, stats = replay(agentx(2), concurrency=2)
     assert stats.drafts > 10_000
@@ -147,7 +163,7 @@ def test_cache_retention_on_raises_the_hit_rate_and_lowers_ttft_under_capacity_p
 
 def test_a_sim_run_writes_the_result_of_a_cell(tmp_path):
     app = compose_app(["backend=sim", "model=kimi_k3", "hardware=mi355x_x8", "backend.concurrency=[1,2,4]",
-                       "workload.num_sessions=3"])
+                       "workload.num_sessions=3", "backend.workers=1"])
     result = run(app, tmp_path)
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["backend"] == "sim" and saved["cell"]["hardware"] == "mi355x_x8"
@@ -160,3 +176,14 @@ def test_a_sim_run_writes_the_result_of_a_cell(tmp_path):
         assert saved["metrics"]["tokens_per_dollar_at_slo"] == pytest.approx(slo["tput_per_gpu"] * 3600 / 1.5)
     assert result["metrics"] == saved["metrics"]
     assert dataclasses.is_dataclass(app.backend) and app.backend.name == "sim"
+
+
+@pytest.mark.spawns
+def test_points_on_two_processes_equal_points_in_this_one():
+    trace = agentx(3)
+    cells = [run_sim_cell(SimBackendConfig(concurrency=[1, 2, 3, 4], workers=workers), "kimi_k3", hardware(),
+                          toggles(), trace) for workers in (1, 2)]
+    for cell in cells:
+        for point in cell["point_details"]:
+            point.pop("wall_s")
+    assert json.dumps(cells[0], sort_keys=True) == json.dumps(cells[1], sort_keys=True)

@@ -101,3 +101,41 @@ def test_a_replay_pauses_the_cycle_collector_and_restores_it_also_on_error():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_admitting_on_the_prompt_and_growing_ends_where_admitting_it_all_does():
+    """Prompt 9, answer 12 at B=4 (20 processed): admitted with its prompt's blocks, then grown token by token as
+    a decode would, the pool holds, caches and frees what the whole admission does."""
+    r = request(0, 1, tokens("a", 21), 9, 12)
+    keys = request_keys(r, 0, 4, 4)
+    whole = HybridPool(TOY, 12, LruFreeList(), resume=None, chunk_size=4)
+    whole.admit(0, r, keys, None, 0.0)
+    grown = HybridPool(TOY, 12, LruFreeList(), resume=None, chunk_size=4)
+    assert grown.admit(0, r, keys, None, 0.0, upto=9) == 0
+    assert grown.num_free() > whole.num_free()
+    for upto in range(10, 21):
+        assert grown.grow(0, r, keys, upto)
+    assert (grown.num_free(), grown.key_of, grown.running[0].attn) == (whole.num_free(), whole.key_of,
+                                                                      whole.running[0].attn)
+    for pool in (whole, grown):
+        pool.finish(0, r, 1.0)
+    assert grown.free.order() == whole.free.order()
+
+
+def test_grow_changes_nothing_when_blocks_run_out_and_preempt_frees_the_request():
+    """Two requests of prompt 8, answer 9 at B=4 in 7 blocks: each holds a state and 2 blocks after admission;
+    the first grows into the last free block, the second then cannot (it needs a block and a state)."""
+    a, b = request(0, 1, tokens("a", 17), 8, 9), request(2, 3, tokens("b", 17), 8, 9)
+    ka, kb = request_keys(a, 0, 4, 4), request_keys(b, 1, 4, 4)
+    pool = HybridPool(TOY, 7, LruFreeList(), resume=None, chunk_size=4)
+    assert pool.admit(0, a, ka, None, 0.0, upto=8) == 0 and pool.admit(1, b, kb, None, 0.0, upto=8) == 0
+    assert pool.num_free() == 1
+    assert not pool.grow(0, a, ka, 9)          # a block and a new state: 2 > 1
+    before = (pool.num_free(), dict(pool.ref), pool.free.order())
+    assert not pool.grow(1, b, kb, 12)
+    assert (pool.num_free(), dict(pool.ref), pool.free.order()) == before
+    pool.preempt(1)
+    assert pool.num_preemptions == 1 and 1 not in pool.running and pool.num_free() == 4
+    freed = pool.free.order()
+    assert sum(bid in pool.key_of for bid in freed) == 3        # its 2 full blocks and the state at 8 stay cached
+    assert pool.grow(0, a, ka, 9)
