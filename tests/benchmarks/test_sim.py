@@ -1,6 +1,6 @@
 """The simulator under pytest-benchmark: `agentx` (4,622 requests) at one concurrency (goal: under 3 s) and the
-default 8-point sweep (goal: under 20 s), Kimi K3 on MI355X with every toggle off. Times go to `extra_info` and
-the simulator's README, never into an assertion."""
+default 8-point sweep, its points on every core (goal: under 20 s), Kimi K3 on MI355X with every toggle off.
+Times go to `extra_info` and the simulator's README, never into an assertion."""
 
 from __future__ import annotations
 

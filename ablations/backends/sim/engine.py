@@ -1,13 +1,13 @@
 """The simulated engine: vLLM v1's scheduler over a modelled node, replaying a workload by its schedule.
 
 Each step, in vLLM's order: every decoding request gets its verification (1 + K tokens) while the token budget
-lasts (decode first), then running prefills their next chunk, then waiting requests are admitted in release
-order while the budget, `max_num_seqs` and the cache allow; the step takes `StepModel`'s time. Admission goes
-through `opts.cache_retention`'s hybrid pool (its hit is the request's cached prefix; the pool holds a request's
-blocks until it finishes), so cache_retention's modes act here as in the pool's replays. A verification's
-accepted drafts are drawn from the acceptance model, seeded per request. Stretches where nothing but decoding
-happens (no prefill, no admission possible, no release due) are priced as many steps at once, exactly as step by
-step (README.md, "The engine").
+lasts (decode first; its blocks grown first, the newest running request preempted when they run out), then
+running prefills their next chunk, then waiting requests are admitted in release order while the budget,
+`max_num_seqs` and the cache allow; the step takes `StepModel`'s time. Admission and block allocation go through
+`opts.cache_retention`'s hybrid pool (a request's hit is its cached prefix), so cache_retention's modes act
+here as in the pool's replays. A verification's accepted drafts are drawn from the acceptance model, seeded per
+request. Stretches of steps that differ only in their contexts are priced at once, exactly as step by step
+(README.md, "The engine").
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import dataclasses
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -117,14 +117,13 @@ def _schedule(trace: Trace, concurrency: int | None):
 
 def simulate(trace: Trace, model: StepModel, geometry: CacheGeometry, num_blocks: int, free_list, *,
              resume: Resume | None, alphas: Sequence[float] = (), scheduler: SchedulerConfig = SchedulerConfig(),
-             concurrency: int | None = None, seed: int = 0, stretches: bool = True, keys: list[list] | None = None,
-             progress: Callable[[int, int, float], None] | None = None) -> tuple[list[RequestRecord], EngineStats]:
+             concurrency: int | None = None, seed: int = 0, stretches: bool = True,
+             keys: list[list] | None = None) -> tuple[list[RequestRecord], EngineStats]:
     """Replay `trace` (closed loop over its sessions, at most `concurrency` live; a trace without sessions at its
     timestamps) through the engine; per-request records in trace order and the engine's stats. `alphas`: the
-    conditional acceptance rates of `model.num_drafts` drafts (empty without speculation). `progress(finished,
-    total, now_s)` is called as requests finish. `keys`: `trace_keys(trace, geometry.block_size)`, when several
-    replays of the trace share them. `stretches=False` prices every step on its own (the reference
-    the stretches are tested against)."""
+    conditional acceptance rates of `model.num_drafts` drafts (empty without speculation). `keys`:
+    `trace_keys(trace, geometry.block_size)`, when several replays of the trace share them. `stretches=False`
+    prices every step on its own (the reference the stretches are tested against)."""
     k = model.num_drafts
     if len(alphas) != k:
         raise ValueError(f"alphas: {len(alphas)} rates for {k} drafts per step")
@@ -134,7 +133,7 @@ def simulate(trace: Trace, model: StepModel, geometry: CacheGeometry, num_blocks
                          f"verification ({q} tokens)")
     with no_cycle_collection():
         engine = _Engine(trace, model, geometry, num_blocks, free_list, resume, tuple(alphas), scheduler, seed,
-                         progress, stretches)
+                         stretches)
         if keys is not None:
             if len(keys) != len(trace.requests):
                 raise ValueError(f"keys: {len(keys)} lists for {len(trace.requests)} requests")
@@ -156,10 +155,9 @@ def trace_keys(trace: Trace, block_size: int) -> list[list]:
 
 
 class _Engine:
-    def __init__(self, trace, model, geometry, num_blocks, free_list, resume, alphas, scheduler, seed, progress,
-                 stretches):
+    def __init__(self, trace, model, geometry, num_blocks, free_list, resume, alphas, scheduler, seed, stretches):
         self.trace, self.model, self.alphas, self.scheduler, self.seed = trace, model, alphas, scheduler, seed
-        self.progress, self.stretches = progress, stretches
+        self.stretches = stretches
         self.q = 1 + model.num_drafts
         self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size)
         if hasattr(free_list, "bind"):
@@ -258,8 +256,6 @@ class _Engine:
             blocked = False
             for rel in schedule.on_finish(run.rid, t):
                 heapq.heappush(releases, (rel.ready_s, rel.request_id))
-            if self.progress is not None:
-                self.progress(len(records), total, t)
 
         def preempt(run: _Run) -> None:
             """vLLM's recompute preemption: the blocks freed, back to the head of the queue; admitted again, it
