@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from ablations.backends.sim.cell import MODELLED, unmodelled
+from ablations.backends.sim.cell import settings, unmodelled
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.commands import node_config
 from ablations.backends.vllm.config import FULL_SIZE_MODELS, ModelConfig, VllmBackendConfig
@@ -105,7 +105,7 @@ class AppConfig:
             raise ValueError(f"AppConfig.result_file: {self.result_file!r} is not a plain file name")
         vector = self.toggles()
         if isinstance(self.backend, SimBackendConfig):
-            problems = unmodelled(vector)
+            problems = unmodelled(vector, self.hardware.platform)
             if problems:
                 raise ValueError(problems[0])
             return
@@ -130,7 +130,7 @@ class AppConfig:
 
 def wired_toggles(cfg: DictConfig) -> tuple[str, ...]:
     """The toggles a composed config's backend can switch: every toggle without a backend (the workload
-    alone); on the simulator, those whose on and off modes it both models (`sim.cell.MODELLED`); on vLLM, those
+    alone); on the simulator, those whose on and off modes it both models (`sim_wired`); on vLLM, those
     whose on and off vectors (the other toggles as composed) both make a valid engine, differ there, and act in
     that engine (a setting whose every route is idle there, such as moe_dedup's tail at tensor-parallel size 1,
     does not)."""
@@ -141,9 +141,7 @@ def wired_toggles(cfg: DictConfig) -> tuple[str, ...]:
     backend_cfg = OmegaConf.to_object(backend)
     ablation = cfg.get("ablation") or {}
     if isinstance(backend_cfg, SimBackendConfig):
-        return tuple(name for name in OPTIMIZATIONS if len({
-            ablation.get("on", {}).get(name, "on"), ablation.get("off", {}).get(name, "off")}
-            & set(MODELLED.get(name, ()))) == 2)
+        return sim_wired(OmegaConf.to_object(cfg.hardware).platform, ablation)
     model = OmegaConf.to_object(cfg.model)
     wired = []
     for name in OPTIMIZATIONS:
@@ -157,6 +155,22 @@ def wired_toggles(cfg: DictConfig) -> tuple[str, ...]:
             settings.append(engine.settings()[name])
             acting = acting or acts(settings[-1], engine_kwargs(engine))
         if len(settings) == 2 and settings[0] != settings[1] and acting:
+            wired.append(name)
+    return tuple(wired)
+
+
+def sim_wired(platform: str, ablation: Any = None) -> tuple[str, ...]:
+    """The toggles whose on and off modes (`ablation.on` / `ablation.off`, default on / off) the simulator both
+    models on `platform`, with different settings."""
+    ablation = ablation or {}
+    wired = []
+    for name, _optimization in OPTIMIZATIONS.items():
+        modes = (ablation.get("on", {}).get(name, "on"), ablation.get("off", {}).get(name, "off"))
+        try:
+            on, off = (settings({name: make_config(name, mode=mode)}, platform)[name] for mode in modes)
+        except ValueError:
+            continue
+        if on != off:
             wired.append(name)
     return tuple(wired)
 

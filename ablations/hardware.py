@@ -13,8 +13,10 @@ FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops",
            "link_bandwidth_gb_s", "link_latency_us", "launch_us", "host_overhead_us")
 # What the simulator cannot do without (besides an efficiency per kernel class).
 MODEL_FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")
-# The simulator's kernel classes: each reaches its own fraction of peak FLOP/s and of memory bandwidth.
+# The simulator's kernel classes: each reaches its own fraction of peak FLOP/s and of memory bandwidth. A profile
+# gives every one; an optional class only where a toggle's kernel runs as it (aiter_mla on: "attention_vendor").
 KERNEL_CLASSES = ("gemm", "moe", "attention", "recurrent", "elementwise")
+OPTIONAL_KERNEL_CLASSES = ("attention_vendor",)
 
 
 @dataclass
@@ -58,15 +60,15 @@ class HardwareConfig:
                 raise ValueError(f"{where}: {name} = {value} has no source; valid: sources.{name} names where the "
                                  "figure comes from, or says assumed")
         for name, value in self.efficiency.items():
-            if name not in KERNEL_CLASSES:
+            if name not in KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES:
                 raise ValueError(f"{where}: efficiency: {name!r} is not a kernel class; valid: "
-                                 f"{', '.join(KERNEL_CLASSES)}")
+                                 f"{', '.join(KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES)}")
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
                 raise ValueError(f"{where}: efficiency.{name}: invalid value {value!r}; valid: a fraction in (0, 1]")
             if not str(self.sources.get(f"efficiency.{name}", "")).strip():
                 raise ValueError(f"{where}: efficiency.{name} = {value} has no source; valid: "
                                  f"sources.efficiency.{name} names where it comes from, or says assumed")
-        valid = set(FIGURES) | {f"efficiency.{name}" for name in KERNEL_CLASSES}
+        valid = set(FIGURES) | {f"efficiency.{name}" for name in KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES}
         unknown = sorted(set(self.sources) - valid)
         if unknown:
             raise ValueError(f"{where}: sources: {', '.join(unknown)} is not a figure; valid: {', '.join(FIGURES)}, "
@@ -76,4 +78,4 @@ class HardwareConfig:
     def is_modelled(self) -> bool:
         """Whether the simulator can run on this node: peak, bandwidth, memory, link and every kernel class's
         efficiency known."""
-        return all(getattr(self, k) for k in MODEL_FIGURES) and set(self.efficiency) == set(KERNEL_CLASSES)
+        return all(getattr(self, k) for k in MODEL_FIGURES) and set(KERNEL_CLASSES) <= set(self.efficiency)

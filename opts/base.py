@@ -15,13 +15,17 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
   a platform where no mode is stock is left out (fusion on CPU: stock runs the steps eagerly).
   A cell vLLM cannot run raises ValueError naming the valid modes there. It imports nothing from `ablations`
   and vLLM only inside its wrappers; `off` on vLLM runs `naive.py`'s functions, `on` the mechanism's.
+- `sim.py`: how the toggle acts in the serving simulator, as data: `sim_setting(config, platform) -> SimSetting`
+  (kernel classes, KDA packing, the prefix cache's free order and resume point, drafts per step; never a
+  speed-up factor); off is the empty setting unless the toggle's off is itself a choice (draft_length's K); a
+  mode the simulator does not model raises ValueError naming the modes it does. It imports nothing from
+  `ablations`.
 - `README.md`: the mechanism, its math, what off and on run per platform, measured numbers and their machine.
 - `__init__.py`: the public API (`__all__`) and the `OPTIMIZATION` record `opts.registry` lists.
 
 A package imports no other optimization package: K3's sizes and shared math live in `opts.k3`. `opts` imports
 nothing from `ablations` (the contract test checks every file): what a package needs from the layer above is
 handed down, as cache_retention's sweep scenarios are through an entry-point group.
-Later part: `sim.py` (the mechanism in the cost model).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from opts.sim_setting import SimSetting
 from opts.vllm_setting import VllmSetting
 
 
@@ -110,7 +115,8 @@ class Optimization:
 
     `bench_cases(quick, device)` lists the cases; `quick` picks the small set used by `--quick`.
     `vllm_setting(config, platform)` is what a config changes in vLLM there (`vllm.py`); `stock_modes` maps each
-    platform to the mode that is stock vLLM there. `run_bench(cases, *, quick, out_dir)`: set by a package whose
+    platform to the mode that is stock vLLM there; `sim_setting(config, platform)` what it changes in the serving
+    simulator (`sim.py`). `run_bench(cases, *, quick, out_dir)`: set by a package whose
     cases are not timed `BenchCase`s; `python -m opts bench` calls it instead of `opts.bench.run` and writes
     the result it returns as the JSON; `out_dir` (None: the package's default) is where it writes files, for a
     package with `writes_files` (any other refuses `--out`).
@@ -122,6 +128,7 @@ class Optimization:
     bench_cases: Callable[[bool, str], list[Any]]
     vllm_setting: Callable[[Any, str], VllmSetting]
     stock_modes: dict[str, str]
+    sim_setting: Callable[[Any, str], SimSetting]
     run_bench: Callable[..., dict[str, Any]] | None = None
     writes_files: bool = False
 

@@ -12,7 +12,7 @@ Math, measurements: README.md.
 
 from __future__ import annotations
 
-from opts.aiter_mla import aiter, naive, reference, split_kv, vllm, vllm_cpu
+from opts.aiter_mla import aiter, naive, reference, sim, split_kv, vllm, vllm_cpu
 from opts.aiter_mla.cases import bench_cases
 from opts.aiter_mla.config import AiterMLAConfig
 from opts.aiter_mla.dispatch import BACKENDS, make_decode, select_backend, vendor_backend
@@ -36,6 +36,7 @@ __all__ = [
     "naive",
     "reference",
     "select_backend",
+    "sim",
     "split_kv",
     "up_project",
     "vendor_backend",
@@ -51,4 +52,5 @@ OPTIMIZATION = Optimization(
     bench_cases=bench_cases,
     vllm_setting=vllm.vllm_setting,
     stock_modes=vllm.STOCK_MODES,
+    sim_setting=sim.sim_setting,
 )

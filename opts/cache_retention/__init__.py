@@ -9,7 +9,7 @@ references are `reference.py` (unbounded cache, Belady). Its bench cases report 
 from __future__ import annotations
 
 from opts.base import Optimization
-from opts.cache_retention import vllm
+from opts.cache_retention import sim, vllm
 from opts.cache_retention.cases import HitRateCase, bench_cases
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.evict import SessionFreeList
@@ -63,6 +63,7 @@ OPTIMIZATION = Optimization(
     bench_cases=bench_cases,
     vllm_setting=vllm.vllm_setting,
     stock_modes=vllm.STOCK_MODES,
+    sim_setting=sim.sim_setting,
     run_bench=run_bench,
     writes_files=True,
 )

@@ -10,7 +10,7 @@ chooser `chooser.py` over vLLM's schedule form `schedule.py`; off is `naive.py`;
 from __future__ import annotations
 
 from opts.base import Optimization
-from opts.draft_length import vllm
+from opts.draft_length import sim, vllm
 from opts.draft_length.acceptance import (
     alphas_from_counts,
     alphas_from_lengths,
@@ -80,6 +80,7 @@ OPTIMIZATION = Optimization(
     bench_cases=bench_cases,
     vllm_setting=vllm.vllm_setting,
     stock_modes=vllm.STOCK_MODES,
+    sim_setting=sim.sim_setting,
     run_bench=run_bench,
     writes_files=True,
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opts.base import Optimization
-from opts.fusion import counterfactual, engine, naive, reference, slots, stages, vllm, vllm_kernels
+from opts.fusion import counterfactual, engine, naive, reference, sim, slots, stages, vllm, vllm_kernels
 from opts.fusion.cases import bench_cases
 from opts.fusion.config import COUNTERFACTUAL, MECHANISMS, FusionConfig
 from opts.fusion.counterfactual import attn_res_unfused
@@ -71,6 +71,7 @@ __all__ = [
     "mla_norm_unfused",
     "naive",
     "reference",
+    "sim",
     "slots",
     "stages",
     "vllm",
@@ -98,4 +99,5 @@ OPTIMIZATION = Optimization(
     bench_cases=bench_cases,
     vllm_setting=vllm.vllm_setting,
     stock_modes=vllm.STOCK_MODES,
+    sim_setting=sim.sim_setting,
 )

@@ -9,7 +9,7 @@ wrappers of `KimiK3DeltaAttention._forward`).
 from __future__ import annotations
 
 from opts.base import Optimization
-from opts.kda_overlap import vllm
+from opts.kda_overlap import sim, vllm
 from opts.kda_overlap.batch import MixedStep, StepOutput
 from opts.kda_overlap.cases import bench_cases
 from opts.kda_overlap.config import KdaOverlapConfig
@@ -39,4 +39,5 @@ OPTIMIZATION = Optimization(
     bench_cases=bench_cases,
     vllm_setting=vllm.vllm_setting,
     stock_modes=vllm.STOCK_MODES,
+    sim_setting=sim.sim_setting,
 )

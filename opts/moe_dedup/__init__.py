@@ -11,7 +11,7 @@ bench (`cases.py`, `measure.py`, `runner.py`: `python -m opts bench moe_dedup`) 
 from __future__ import annotations
 
 from opts.base import Optimization
-from opts.moe_dedup import vllm
+from opts.moe_dedup import sim, vllm
 from opts.moe_dedup.cases import DistCase, bench_cases
 from opts.moe_dedup.config import MoeDedupConfig
 from opts.moe_dedup.counts import ModeCount, PartCount, mode_counts
@@ -65,5 +65,6 @@ OPTIMIZATION = Optimization(
     bench_cases=bench_cases,
     vllm_setting=vllm.vllm_setting,
     stock_modes=vllm.STOCK_MODES,
+    sim_setting=sim.sim_setting,
     run_bench=run_bench,
 )

@@ -36,7 +36,7 @@ EFFICIENCY = {"gemm": 0.7, "moe": 0.5, "attention": 0.5, "recurrent": 0.4, "elem
 
 
 def gpu_node(name: str, platform: str, device: str, memory: float, bandwidth: float, bf16: float, fp4: float,
-             price: float, link: float) -> dict:
+             price: float, link: float, vendor_attention: float | None = None) -> dict:
     """What a GPU node's hardware option changes: its figures, the simulator's profile (link, launch, host
     overhead, efficiency per kernel class), and a source for every known value."""
     figures = {"memory_gb": memory, "bandwidth_tb_s": bandwidth, "peak_bf16_tflops": bf16, "peak_fp4_tflops": fp4,
@@ -47,6 +47,9 @@ def gpu_node(name: str, platform: str, device: str, memory: float, bandwidth: fl
            **{f"hardware.efficiency.{k}": v for k, v in EFFICIENCY.items()}}
     out.update({f"hardware.sources.{k}": ANY for k, v in figures.items() if v})
     out.update({f"hardware.sources.efficiency.{k}": ANY for k in EFFICIENCY})
+    if vendor_attention is not None:
+        out.update({"hardware.efficiency.attention_vendor": vendor_attention,
+                    "hardware.sources.efficiency.attention_vendor": ANY})
     return out
 
 
@@ -66,7 +69,8 @@ CHANGES = {
     "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"}},
     "hardware": {
         "cpu": {},
-        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 537.5)},
+        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 537.5,
+                                    0.65)},
         "b300_x8": {**gpu_node("b300_x8", "cuda", "NVIDIA B300", 288.0, 8.0, 2250.0, 13500.0, 2.26, 900.0)},
         "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0, 450.0)},
     },

@@ -9,7 +9,7 @@ import math
 import multiprocessing
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,21 +31,22 @@ from ablations.metrics import (
 )
 from ablations.workload.trace import Trace
 from opts.base import ToggleConfig
+from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.geometry import CacheGeometry, k3_geometry
-from opts.cache_retention.retention import free_list_for, resume_for
-from opts.draft_length.acceptance import config_alphas
+from opts.cache_retention.pool import Resume
 from opts.k3 import K3, K3Spec
+from opts.registry import OPTIMIZATIONS
+from opts.sim_setting import SimSetting
 
 log = logging.getLogger("ablations")
 MODELS: dict[str, K3Spec] = {"kimi_k3": K3}
-# The modes each toggle acts through in the simulator so far; every other toggle must be off (issue 28 adds them).
-MODELLED = {"cache_retention": ("off", "on", "evict", "resume"), "draft_length": ("off", "k0")}
 
 
 @dataclass(frozen=True)
 class SimSetup:
-    """Everything one cell's replays share: the model, its parallelism and step model, the cache pool's geometry
-    and size, the draft length and acceptance rates, the retention policy, the scheduler."""
+    """Everything one cell's replays share: the model, its parallelism and step model (the toggles' kernel classes
+    and KDA packing in it), the cache pool's geometry, size, free order and resume point, the draft length and
+    acceptance rates, the scheduler."""
 
     model: SimModel
     parallel: Parallel
@@ -55,7 +56,8 @@ class SimSetup:
     cache_gb: float
     num_blocks: int
     alphas: tuple[float, ...]
-    retention: ToggleConfig
+    free_list: Callable[[], Any]
+    resume: Resume | None
     scheduler: SchedulerConfig
 
     @property
@@ -63,14 +65,19 @@ class SimSetup:
         return self.parallel.tp
 
 
-def unmodelled(toggles: dict[str, ToggleConfig]) -> list[str]:
-    """One line per toggle whose mode the simulator does not model yet."""
+def settings(toggles: dict[str, ToggleConfig], platform: str) -> dict[str, SimSetting]:
+    """Each toggle's `sim.py` setting on `platform`; a mode the simulator does not model is a ValueError naming it."""
+    return {name: OPTIMIZATIONS[name].sim_setting(config, platform) for name, config in toggles.items()}
+
+
+def unmodelled(toggles: dict[str, ToggleConfig], platform: str) -> list[str]:
+    """One line per toggle whose mode the simulator does not model on `platform`."""
     out = []
     for name, config in toggles.items():
-        valid = MODELLED.get(name, ("off",))
-        if config.mode not in valid:
-            out.append(f"opts.{name}: mode {config.mode!r} is not modelled by backend=sim yet; valid: "
-                       f"{', '.join(valid)}")
+        try:
+            OPTIMIZATIONS[name].sim_setting(config, platform)
+        except ValueError as err:
+            out.append(str(err))
     return out
 
 
@@ -79,9 +86,10 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     """The cell's setup, or a ValueError naming what cannot be simulated (model, toggle mode, node, fit)."""
     if model_name not in MODELS:
         raise ValueError(f"model: {model_name!r} is not modelled by backend=sim; valid: {', '.join(MODELS)}")
-    problems = unmodelled(toggles)
+    problems = unmodelled(toggles, hardware.platform)
     if problems:
         raise ValueError(problems[0])
+    applied = settings(toggles, hardware.platform)
     model = SimModel(spec=MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
     left = cache_capacity_gb(model, parallel, hardware)
@@ -89,12 +97,18 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
         raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
                          f"{hardware.name} has left after {model_name}'s weights; valid: 0 < cache_gb <= {left:.1f}")
     cache_gb = backend.cache_gb or left
-    drafts = toggles["draft_length"]
-    k = drafts.k if drafts.is_speculative else 0
+    classes: dict[str, str] = {}
+    for setting in applied.values():
+        classes.update(setting.kernel_classes)
+    drafts = applied["draft_length"]
+    k = drafts.num_drafts or 0
+    cache = applied["cache_retention"]
     geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
                            num_spec_tokens=k)
-    return SimSetup(model, parallel, hardware, StepModel(model, parallel, hardware, k), geometry, cache_gb,
-                    geometry.num_blocks(cache_gb * 1e9), config_alphas(drafts, k), toggles["cache_retention"],
+    steps = StepModel(model, parallel, hardware, k, classes=classes,
+                      packed_kda=any(s.packed_kda for s in applied.values()))
+    return SimSetup(model, parallel, hardware, steps, geometry, cache_gb, geometry.num_blocks(cache_gb * 1e9),
+                    drafts.alphas, cache.free_list or LruFreeList, cache.resume,
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))
 
 
@@ -103,8 +117,8 @@ def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int,
     """The trace replayed at `concurrency` live sessions: the point's steady-state interactivity and throughput
     per GPU, its metrics over all requests, the engine's stats (`keys`: the trace's `trace_keys`, when shared)."""
     start = time.perf_counter()
-    records, stats = simulate(trace, setup.steps, setup.geometry, setup.num_blocks, free_list_for(setup.retention),
-                              resume=resume_for(setup.retention), alphas=setup.alphas, scheduler=setup.scheduler,
+    records, stats = simulate(trace, setup.steps, setup.geometry, setup.num_blocks, setup.free_list(),
+                              resume=setup.resume, alphas=setup.alphas, scheduler=setup.scheduler,
                               concurrency=concurrency, seed=seed, keys=keys)
     window = steady_window(records)
     steady = summarize(records, setup.num_gpus, window)

@@ -273,9 +273,17 @@ def logit_tokens(seqs: list[Seq]) -> int:
     return sum(1 if q.kind in ("prefill", "decode") else q.new_tokens for q in seqs)
 
 
-def step_costs(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+def packed(seqs: list[Seq]) -> list[Seq]:
+    """The step's parts as KDA runs them when a step that prefills packs its verification rows into the prefill's
+    chunked pass (kda_overlap on): each verification as a chunk of its K + 1 tokens."""
+    if not any(q.kind == "prefill" for q in seqs):
+        return seqs
+    return [Seq(q.new_tokens, q.context, "prefill") if q.kind == "verify" else q for q in seqs]
+
+
+def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], *, packed_kda: bool = False) -> dict[str, Cost]:
     """Every kernel class's Cost over the whole model for one step, per rank (the MTP draft passes are the
-    engine's: `mtp_costs`)."""
+    engine's: `mtp_costs`); `packed_kda`: KDA runs the step's verification rows in its prefill pass (`packed`)."""
     if not seqs:
         return {}
     s = m.spec
@@ -286,7 +294,7 @@ def step_costs(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
         for name, cost in costs.items():
             out.setdefault(name, Cost()).add(cost, times)
 
-    add(kda_layer(m, p, seqs), s.num_kda_layers)
+    add(kda_layer(m, p, packed(seqs) if packed_kda else seqs), s.num_kda_layers)
     add(mla_layer(m, p, seqs), s.num_mla_layers)
     add(moe_layer(m, p, seqs), m.num_moe_layers)
     add(dense_layer(m, p, seqs), m.num_dense_layers)

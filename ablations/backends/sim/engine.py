@@ -48,11 +48,14 @@ class SchedulerConfig:
 
 @dataclass
 class EngineStats:
-    """What the engine did: steps (and how many were priced in a stretch), busy time, drafts proposed and
-    accepted, preemptions, the smallest ratio of a step's time to its roofline (never below 1), the cache."""
+    """What the engine did: steps (how many priced in a stretch; how many prefilled beside decodes, and their
+    time), busy time, drafts proposed and accepted, preemptions, the smallest ratio of a step's time to its
+    roofline (never below 1), the cache."""
 
     num_steps: int = 0
     num_stretch_steps: int = 0
+    num_mixed_steps: int = 0
+    mixed_s: float = 0.0
     num_preemptions: int = 0
     busy_s: float = 0.0
     min_roofline_ratio: float = math.inf
@@ -362,6 +365,9 @@ class _Engine:
             now += float(durations.sum())
             self.stats.num_steps += steps
             self.stats.num_stretch_steps += steps if steps > 1 else 0
+            if chunks and batch:
+                self.stats.num_mixed_steps += steps
+                self.stats.mixed_s += float(durations.sum())
             self.stats.busy_s += float(durations.sum())
             for run in batch:
                 before = run.emitted(run.done)

@@ -14,8 +14,8 @@ from contextlib import nullcontext
 from functools import cache
 from typing import Any
 
-from ablations.backends.sim.cell import MODELLED, run_sim_cell
-from ablations.config import AppConfig, compose_app
+from ablations.backends.sim.cell import run_sim_cell
+from ablations.config import AppConfig, compose_app, sim_wired
 from ablations.hardware import FIGURES, HardwareConfig
 from ablations.workload import WorkloadConfig, load_workload
 
@@ -25,17 +25,19 @@ STEP = 0.2
 OPTS = ("all_off", "all_on")
 
 
-def on_overrides() -> list[str]:
-    """Every toggle the simulator models `on` for, switched on."""
-    return [f"opts/{name}=on" for name, modes in MODELLED.items() if "on" in modes]
+def on_overrides(platform: str) -> list[str]:
+    """Every toggle the simulator models on and off for on `platform`, switched on."""
+    return [f"opts/{name}=on" for name in sim_wired(platform)]
 
 
 def compose(hardware: str, opts: str, overrides: tuple[str, ...] = ()) -> AppConfig:
     """The app config of one report cell."""
     if opts not in OPTS:
         raise ValueError(f"opts: invalid value {opts!r}; valid: {', '.join(OPTS)}")
-    return compose_app(["backend=sim", f"model={MODEL}", f"hardware={hardware}", f"workload={WORKLOAD}",
-                        *(on_overrides() if opts == "all_on" else []), *overrides])
+    base = ["backend=sim", f"model={MODEL}", f"hardware={hardware}", f"workload={WORKLOAD}"]
+    if opts == "all_off":
+        return compose_app([*base, *overrides])
+    return compose_app([*base, *on_overrides(compose_app(base).hardware.platform), *overrides])
 
 
 def assumed(hw: HardwareConfig) -> list[str]:

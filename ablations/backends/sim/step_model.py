@@ -17,13 +17,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from ablations.backends.sim.cost import Cost, Parallel, Seq, SimModel, expected_experts, mtp_costs, step_costs
-from ablations.backends.sim.timing import allreduce_s, kernel_class, step_time
-from ablations.hardware import KERNEL_CLASSES, HardwareConfig
+from ablations.backends.sim.timing import allreduce_s, efficiency, kernel_class, step_time
+from ablations.hardware import KERNEL_CLASSES, OPTIONAL_KERNEL_CLASSES, HardwareConfig
 
+CLASSES = KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES
 # The features of a list of Seqs: whether there are any, the expected experts touched, then per kind (prefill; decode
-# and verify) its presence, count, and sums of q, c, q·c, q².
+# and verify; verification in a step that also prefills, which kda_overlap packs) its presence, count, and sums of q,
+# c, q·c, q².
 FEATURES = ("step", "experts", "prefill", "n_prefill", "q_prefill", "c_prefill", "qc_prefill", "qq_prefill",
-            "decode", "n_decode", "q_decode", "c_decode", "qc_decode", "qq_decode")
+            "decode", "n_decode", "q_decode", "c_decode", "qc_decode", "qq_decode",
+            "mixed", "n_mixed", "q_mixed", "c_mixed", "qc_mixed", "qq_mixed")
+MIXED = 14
 NUM_FEATURES = len(FEATURES)
 FIELDS = ("flops", "bytes", "kernels", "comm_bytes", "collectives")
 FIT_RTOL = 1e-6
@@ -33,15 +37,18 @@ def features(m: SimModel, seqs: Sequence[Seq]) -> np.ndarray:
     """The feature vector of a step holding `seqs` (zeros for none)."""
     x = [0.0] * NUM_FEATURES
     tokens = 0
+    mixed = any(s.kind == "prefill" for s in seqs)
     for s in seqs:
-        base = 2 if s.kind == "prefill" else 8
         q, c = s.new_tokens, s.context
-        x[base] = 1.0
-        x[base + 1] += 1
-        x[base + 2] += q
-        x[base + 3] += c
-        x[base + 4] += q * c
-        x[base + 5] += q * q
+        for base in (2 if s.kind == "prefill" else 8, MIXED if mixed and s.kind == "verify" else None):
+            if base is None:
+                continue
+            x[base] = 1.0
+            x[base + 1] += 1
+            x[base + 2] += q
+            x[base + 3] += c
+            x[base + 4] += q * c
+            x[base + 5] += q * q
         tokens += q
     if tokens:
         x[0] = 1.0
@@ -54,11 +61,12 @@ def draft_seqs(seqs: Sequence[Seq]) -> list[Seq]:
     return [Seq(1, s.context + s.new_tokens, "decode") for s in seqs if s.kind != "prefill"]
 
 
-def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int) -> dict[str, Cost]:
+def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int, *,
+                packed_kda: bool = False) -> dict[str, Cost]:
     """The reference: the target pass over `seqs` and, with `num_drafts` K > 0, the MTP's first pass over the same
-    tokens and K - 1 more over one token per decoding request (`draft_seqs`)."""
+    tokens and K - 1 more over one token per decoding request (`draft_seqs`); `packed_kda`: `cost.packed`."""
     seqs = list(seqs)
-    out = step_costs(m, p, seqs)
+    out = step_costs(m, p, seqs, packed_kda=packed_kda)
     if num_drafts and seqs:
         for name, cost in mtp_costs(m, p, seqs).items():
             out.setdefault(name, Cost()).add(cost)
@@ -69,63 +77,71 @@ def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int) 
     return out
 
 
-def _by_class(costs: dict[str, Cost]) -> np.ndarray:
-    """[kernel class, field] totals of a step's costs."""
-    out = np.zeros((len(KERNEL_CLASSES), len(FIELDS)))
+def _by_class(costs: dict[str, Cost], classes: dict[str, str] | None = None) -> np.ndarray:
+    """[kernel class, field] totals of a step's costs (`classes`: reassigned cost names)."""
+    out = np.zeros((len(CLASSES), len(FIELDS)))
     for name, cost in costs.items():
-        row = KERNEL_CLASSES.index(kernel_class(name))
+        row = CLASSES.index(kernel_class(name, classes))
         out[row] += (cost.flops, cost.bytes, cost.kernels, cost.comm_bytes, cost.collectives)
     return out
 
 
 def probe_steps(seed: int, count: int) -> list[list[Seq]]:
-    """Steps of every shape: prefill only, decode only, verification only, mixed; short and long contexts."""
+    """Steps of every shape the engine makes: prefill only, decode only, verification only, prefill beside either;
+    short and long contexts. A step decodes or verifies, never both (the engine's K is the step's)."""
     rng = random.Random(seed)
     steps = []
     for i in range(count):
         seqs = []
         for _ in range(rng.randint(0 if i % 3 else 1, 3)):
             seqs.append(Seq(rng.randint(1, 4096), rng.choice((0, rng.randint(1, 200_000))), "prefill"))
+        verify = rng.random() < 0.6
         for _ in range(rng.randint(0 if i % 3 != 1 else 1, 6)):
-            q = rng.choice((1, rng.randint(1, 9)))
-            seqs.append(Seq(q, rng.randint(0, 300_000), "decode" if q == 1 and rng.random() < 0.5 else "verify"))
+            q = rng.randint(1, 9) if verify else 1
+            seqs.append(Seq(q, rng.randint(0, 300_000), "verify" if verify else "decode"))
         steps.append(seqs or [Seq(1, 0, "decode")])
     return steps
 
 
-def fit(fn, m: SimModel, seed: int = 0) -> np.ndarray:
+def fit(fn, m: SimModel, seed: int = 0, classes: dict[str, str] | None = None) -> np.ndarray:
     """Coefficients [feature, class, field] with features(seqs) · coefficients == _by_class(fn(seqs)), fitted on
     probe steps and checked on others; a cost not linear in the features is a ValueError naming it."""
     train, check = probe_steps(seed, 4 * NUM_FEATURES), probe_steps(seed + 1, NUM_FEATURES)
     x = np.stack([features(m, s) for s in train])
-    y = np.stack([_by_class(fn(s)).ravel() for s in train])
+    y = np.stack([_by_class(fn(s), classes).ravel() for s in train])
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
+    column = np.maximum(np.abs(y).max(axis=0), 1.0)
     coef = coef / scale[:, None]
     for seqs in check:
-        want = _by_class(fn(seqs)).ravel()
+        want = _by_class(fn(seqs), classes).ravel()
         got = features(m, seqs) @ coef
-        bad = np.abs(got - want) > FIT_RTOL * np.maximum(np.abs(want), 1.0)
+        bad = np.abs(got - want) > FIT_RTOL * np.abs(want) + 1e-9 * column     # zeros: the column's roundoff
         if bad.any():
             k = int(np.argmax(bad))
-            raise ValueError(f"step model: {KERNEL_CLASSES[k // len(FIELDS)]}.{FIELDS[k % len(FIELDS)]} is not linear "
+            raise ValueError(f"step model: {CLASSES[k // len(FIELDS)]}.{FIELDS[k % len(FIELDS)]} is not linear "
                              f"in the step features ({got[k]:.6g} fitted, {want[k]:.6g} exact)")
-    return coef.reshape(NUM_FEATURES, len(KERNEL_CLASSES), len(FIELDS))
+    return coef.reshape(NUM_FEATURES, len(CLASSES), len(FIELDS))
 
 
 class StepModel:
-    """Seconds per step of a model on a node with `num_drafts` MTP drafts per decoding request (0: none):
-    `time(seqs)` for one step, `times(rows)` for a batch of feature rows (`batch_features`)."""
+    """Seconds per step of a model on a node with `num_drafts` MTP drafts per decoding request (0: none), the
+    toggles' kernel classes (`classes`) and KDA packing (`packed_kda`): `time(seqs)` for one step, `times(rows)`
+    for a batch of feature rows (`batch_features`)."""
 
-    def __init__(self, m: SimModel, p: Parallel, hw: HardwareConfig, num_drafts: int) -> None:
+    def __init__(self, m: SimModel, p: Parallel, hw: HardwareConfig, num_drafts: int, *,
+                 classes: dict[str, str] | None = None, packed_kda: bool = False) -> None:
         if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
             raise ValueError(f"num_drafts: invalid value {num_drafts!r}; valid: an integer >= 0")
         step_time({}, hw, p)                                # the node must be modelled
         self.model, self.parallel, self.hw, self.num_drafts = m, p, hw, num_drafts
-        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1)), m)
-        drafts = fit(lambda seqs: mtp_costs(m, p, seqs), m) if num_drafts > 1 else None
-        eff = np.array([hw.efficiency[k] for k in KERNEL_CLASSES])
+        self.classes, self.packed_kda = dict(classes or {}), packed_kda
+        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), packed_kda=packed_kda), m,
+                     classes=self.classes)
+        drafts = fit(lambda seqs: mtp_costs(m, p, seqs), m, classes=self.classes) if num_drafts > 1 else None
+        used = {CLASSES[i] for i in np.nonzero(np.abs(target).sum(axis=(0, 2)))[0]}
+        eff = np.array([efficiency(hw, k) if k in used or k in KERNEL_CLASSES else 1.0 for k in CLASSES])
         peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
         hop = allreduce_s(0.0, 1, p.tp, hw)                 # an all-reduce's latency; its seconds per byte:
         link = allreduce_s(1.0, 1, p.tp, hw) - hop
@@ -165,6 +181,8 @@ class StepModel:
         draft = [0.0] * NUM_FEATURES
         if n:
             head[8:14] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
+            if chunks and q > 1:                            # verifications beside a prefill
+                head[MIXED:MIXED + 6] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
             draft[:2] = (1.0, self._experts(n))
             draft[8:14] = (1.0, n, n, 0.0, 0.0, n)
         c = np.asarray(decode_context, dtype=float)
@@ -175,6 +193,9 @@ class StepModel:
         if n:
             rows[:, 11] = c
             rows[:, 12] = q * c
+            if chunks and q > 1:
+                rows[:, MIXED + 3] = c
+                rows[:, MIXED + 4] = q * c
             rows[:, NUM_FEATURES + 11] = rows[:, NUM_FEATURES + 12] = c + n * q
         return rows
 
@@ -201,5 +222,5 @@ class StepModel:
 
     def exact_time(self, seqs: Sequence[Seq]) -> float:
         """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
-        return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts), self.hw,
-                         self.parallel).total_s
+        return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, packed_kda=self.packed_kda),
+                         self.hw, self.parallel, self.classes).total_s

@@ -17,8 +17,10 @@ KERNEL_CLASS = {
 }
 
 
-def kernel_class(name: str) -> str:
-    """The kernel class of a Cost name."""
+def kernel_class(name: str, classes: dict[str, str] | None = None) -> str:
+    """The kernel class of a Cost name (`classes`: a toggle's reassignments, `SimSetting.kernel_classes`)."""
+    if classes and name in classes:
+        return classes[name]
     base = name.removeprefix("mtp_")
     if base not in KERNEL_CLASS:
         raise ValueError(f"cost {name!r}: no kernel class; known: {', '.join(sorted(KERNEL_CLASS))}")
@@ -55,16 +57,25 @@ def allreduce_s(payload_bytes: float, count: int, tp: int, hw: HardwareConfig) -
             + count * 2 * (tp - 1) * hw.link_latency_us * 1e-6)
 
 
-def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel) -> StepTime:
+def efficiency(hw: HardwareConfig, kernel: str) -> float:
+    """The profile's efficiency of a kernel class, or a ValueError naming the missing value."""
+    if kernel not in hw.efficiency:
+        raise ValueError(f"hardware {hw.name}: efficiency.{kernel} is not given; a toggle runs a kernel as "
+                         f"{kernel!r} (add efficiency.{kernel} with its source to conf/hardware/{hw.name}.yaml)")
+    return hw.efficiency[kernel]
+
+
+def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
+              classes: dict[str, str] | None = None) -> StepTime:
     """The step's time: max(FLOPs / (peak·eff), bytes / (bandwidth·eff)) per kernel class (BF16 peak: the
     experts run W4A16), launches × launch cost, the all-reduces, the host's overhead."""
     _modelled(hw)
     peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
     by_class: dict[str, Cost] = {}
     for name, cost in costs.items():
-        by_class.setdefault(kernel_class(name), Cost()).add(cost)
+        by_class.setdefault(kernel_class(name, classes), Cost()).add(cost)
     comm = Cost.total(costs.values())
-    kernels = sum(kernel_time(c, peak, bandwidth, hw.efficiency[k], hw.efficiency[k]) for k, c in by_class.items())
+    kernels = sum(kernel_time(c, peak, bandwidth, efficiency(hw, k), efficiency(hw, k)) for k, c in by_class.items())
     launches = sum(c.kernels for c in by_class.values()) * hw.launch_us * 1e-6
     return StepTime(kernels, launches, allreduce_s(comm.comm_bytes, comm.collectives, parallel.tp, hw),
                     hw.host_overhead_us * 1e-6 if costs else 0.0)

@@ -13,9 +13,10 @@ import pytest
 import opts
 from opts.base import BenchCase, Optimization, ToggleConfig
 from opts.registry import OPTIMIZATIONS
+from opts.sim_setting import SimSetting
 from opts.vllm_setting import PLATFORMS, VllmSetting
 
-FILES = ("__init__.py", "config.py", "naive.py", "reference.py", "cases.py", "vllm.py", "README.md")
+FILES = ("__init__.py", "config.py", "naive.py", "reference.py", "cases.py", "vllm.py", "sim.py", "README.md")
 OPTS_DIR = Path(opts.__file__).parent
 
 
@@ -91,6 +92,37 @@ def vllm_problems(package: str, root: Path, optimization: Optimization | None) -
     return problems
 
 
+def sim_problems(package: str, optimization: Optimization | None, config_cls: type | None) -> list[str]:
+    """sim.py: sim_setting (the registered one); every mode on every platform a SimSetting or a ValueError naming
+    the valid modes; off a SimSetting everywhere."""
+    try:
+        module = importlib.import_module(f"{package}.sim")
+    except Exception as err:
+        return [f"sim.py: import fails: {err!r}"]
+    setting = getattr(module, "sim_setting", None)
+    if not callable(setting):
+        return ["sim.py: needs sim_setting(config, platform)"]
+    problems = []
+    if optimization is not None and optimization.sim_setting is not setting:
+        problems.append("sim.py: sim_setting is not the registered one")
+    for mode in config_cls.MODES if config_cls is not None else ():
+        for platform in PLATFORMS:
+            try:
+                result = setting(config_cls(mode=mode), platform)
+            except ValueError as err:
+                if mode == "off":
+                    problems.append(f"sim.py: off on {platform} fails: {err}")
+                elif "valid:" not in str(err):
+                    problems.append(f"sim.py: {mode} on {platform}: the error names no valid modes: {err}")
+                continue
+            except Exception as err:
+                problems.append(f"sim.py: {mode} on {platform} fails: {err!r}")
+                continue
+            if not isinstance(result, SimSetting):
+                problems.append(f"sim.py: {mode} on {platform} returns {type(result).__name__}, not a SimSetting")
+    return problems
+
+
 def contract_problems(package: str, optimization: Optimization | None = None) -> list[str]:
     """What package `package` (importable, dotted) lacks of the contract in opts/base.py; [] when none."""
     module = importlib.import_module(package)
@@ -117,6 +149,12 @@ def contract_problems(package: str, optimization: Optimization | None = None) ->
                                 "sets no run_bench")
     if (root / "vllm.py").is_file():
         problems += vllm_problems(package, root, optimization)
+    if (root / "sim.py").is_file():
+        config_cls = None
+        if (root / "config.py").is_file():
+            config_cls = next((c for c in vars(importlib.import_module(f"{package}.config")).values()
+                               if isinstance(c, type) and issubclass(c, ToggleConfig) and c is not ToggleConfig), None)
+        problems += sim_problems(package, optimization, config_cls)
     if (root / "README.md").is_file():
         text = (root / "README.md").read_text()
         problems += [f"README.md: never says {w}" for w in ("off", "on") if not re.search(rf"\b{w}\b", text)]
@@ -163,6 +201,10 @@ GOOD = {
                 "def vllm_setting(config, platform):\n"
                 "    if config.mode == 'off':\n        return VllmSetting()\n"
                 "    return VllmSetting(patches=[Patch('m:f', lambda old: old, 'fake')])\n"),
+    "sim.py": ("from opts.sim_setting import SimSetting, not_modelled\n\n\n"
+               "def sim_setting(config, platform):\n"
+               "    if config.mode == 'off':\n        return SimSetting()\n"
+               "    return SimSetting(packed_kda=True)\n"),
     "README.md": "off runs the plain path, on the mechanism.\n",
 }
 GOOD_VLLM = GOOD["vllm.py"]
@@ -192,6 +234,15 @@ BROKEN = {
     "stock_cell_patches": ({"vllm.py": GOOD_VLLM.replace("'cpu': 'off'", "'cpu': 'on'")},
                            "stock cell on on cpu is not an empty VllmSetting"),
     "unknown_platform": ({"vllm.py": GOOD_VLLM.replace("'cpu'", "'tpu'")}, "unknown platform 'tpu'"),
+    "no_sim": ({"sim.py": None}, "sim.py: missing"),
+    "sim_imports_ablations": ({"sim.py": GOOD["sim.py"] + "from ablations.backends.sim import cost\n"},
+                              "sim.py: imports ablations.backends.sim.cost, the layer above"),
+    "sim_without_sim_setting": ({"sim.py": "X = 1\n"}, "sim.py: needs sim_setting(config, platform)"),
+    "sim_off_fails": ({"sim.py": GOOD["sim.py"].replace("    if config.mode == 'off':\n        return SimSetting()\n",
+                                                        "    raise not_modelled('fake', config.mode, ())\n")},
+                      "sim.py: off on cpu fails"),
+    "sim_returns_other": ({"sim.py": GOOD["sim.py"].replace("SimSetting(packed_kda=True)", "{}")},
+                          "sim.py: on on cpu returns dict, not a SimSetting"),
 }
 
 

@@ -16,8 +16,9 @@ ROW_KEYS = {"hardware", "opts", "tput_per_gpu_at_slo", "tokens_per_dollar", "fro
 
 def test_the_values_moved_are_exactly_those_the_profile_marks_assumed():
     hw = compose("mi355x_x8", "all_off").hardware
-    assert assumed(hw) == ["efficiency.attention", "efficiency.elementwise", "efficiency.gemm", "efficiency.moe",
-                           "efficiency.recurrent", "host_overhead_us", "launch_us", "link_latency_us"]
+    assert assumed(hw) == ["efficiency.attention", "efficiency.attention_vendor", "efficiency.elementwise",
+                           "efficiency.gemm", "efficiency.moe", "efficiency.recurrent", "host_overhead_us", "launch_us",
+                           "link_latency_us"]
     assert "bandwidth_tb_s" not in assumed(hw) and "memory_gb" not in assumed(hw)
 
 
@@ -32,16 +33,19 @@ def test_scaled_moves_one_value_and_keeps_an_efficiency_at_most_one():
 
 
 def test_all_on_switches_on_every_modelled_toggle_and_nothing_else():
-    toggles = {name: c.mode for name, c in compose("b300_x8", "all_on").toggles().items()}
-    assert toggles == {**dict.fromkeys(toggles, "off"), "cache_retention": "on"}
+    cuda = {name: c.mode for name, c in compose("b300_x8", "all_on").toggles().items()}
+    assert cuda == {**dict.fromkeys(cuda, "off"), "cache_retention": "on", "kda_overlap": "on"}
+    rocm = {name: c.mode for name, c in compose("mi355x_x8", "all_on").toggles().items()}
+    assert rocm == {**cuda, "aiter_mla": "on"}          # AITER's MLA decode exists on ROCm only
 
 
+@pytest.mark.slow
 def test_a_report_has_a_row_per_node_and_toggle_set_and_the_sensitivity_of_all_off():
     lines = []
     rows = report(("mi355x_x8",), workers=1, overrides=SMALL, progress=lines.append)
     assert [(r["hardware"], r["opts"]) for r in rows] == [("mi355x_x8", "all_off"), ("mi355x_x8", "all_on")]
     assert all(set(r) >= ROW_KEYS for r in rows)
-    assert len(lines) == 2 + 2 * 8 and lines[0].startswith("sim report: [1/18] mi355x_x8 all_off: ")
+    assert len(lines) == 2 + 2 * 9 and lines[0].startswith("sim report: [1/20] mi355x_x8 all_off: ")
     moved = rows[0]["sensitivity"]
     assert [m["value"] for m in moved] == assumed(compose("mi355x_x8", "all_off").hardware)
     assert all(set(m) - {"x0.8_reason", "x1.2_reason"} == {"value", "x0.8", "x1.2"} for m in moved)

@@ -1,0 +1,52 @@
+"""How one toggle setting reaches the serving simulator, as data: the record each package's `sim.py` returns.
+
+`sim.py` imports nothing from `ablations`; the simulator (`ablations/backends/sim/`) applies the record: it
+prices a step with the kernel classes and KDA packing the records ask for, runs the prefix cache with their free
+order and resume point, and verifies their number of drafts. Nothing in a record says how much faster anything is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SimSetting:
+    """What one toggle setting changes in the simulated engine. Empty: the simulator's stock path.
+
+    `kernel_classes`: {cost name: kernel class} for a cost that runs as another kernel class, at that class's
+    efficiency in the hardware profile (aiter_mla on: the MLA decode as "attention_vendor"). `packed_kda`: in a
+    step that also prefills, the KDA verification rows run inside the prefill's chunked pass (kda_overlap on).
+    `free_list`: a factory of the prefix cache's free-block order; `resume`: where a session's next turn resumes
+    (cache_retention). `num_drafts` and `alphas`: MTP drafts per verification and their conditional acceptance
+    rates (draft_length; None: the simulator's default).
+    """
+
+    kernel_classes: dict[str, str] = field(default_factory=dict)
+    packed_kda: bool = False
+    free_list: Callable[[], Any] | None = field(default=None, compare=False)
+    resume: Any = None
+    num_drafts: int | None = None
+    alphas: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.kernel_classes.items() if not (isinstance(k, str) and isinstance(v, str))}
+        if bad:
+            raise ValueError(f"SimSetting.kernel_classes: names and classes must be strings, got {bad!r}")
+        if self.num_drafts is not None and (isinstance(self.num_drafts, bool) or not isinstance(self.num_drafts, int)
+                                            or self.num_drafts < 0):
+            raise ValueError(f"SimSetting.num_drafts: invalid value {self.num_drafts!r}; valid: an integer >= 0")
+        object.__setattr__(self, "alphas", tuple(self.alphas))
+
+    @property
+    def is_stock(self) -> bool:
+        """Whether this setting leaves the simulated engine as it is."""
+        return self == SimSetting() and self.free_list is None
+
+
+def not_modelled(name: str, mode: str, valid: tuple[str, ...],
+                 why: str = "not modelled by the simulator yet") -> ValueError:
+    """The error of a toggle setting the simulator cannot run, naming the modes it can."""
+    return ValueError(f"opts.{name}: mode {mode!r} is {why}; valid: {', '.join(valid)}")
