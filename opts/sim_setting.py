@@ -1,7 +1,7 @@
 """How one toggle setting reaches the serving simulator, as data: the record each package's `sim.py` returns.
 
 `sim.py` imports nothing from `ablations`; the simulator (`ablations/backends/sim/`) applies the record: it
-prices a step with the kernel classes and KDA packing the records ask for, runs the prefix cache with their free
+prices a step with the kernel classes and cost mechanisms the records ask for, runs the prefix cache with their free
 order and resume point, and verifies their number of drafts. Nothing in a record says how much faster anything is.
 """
 
@@ -19,6 +19,8 @@ class SimSetting:
     `kernel_classes`: {cost name: kernel class} for a cost that runs as another kernel class, at that class's
     efficiency in the hardware profile (aiter_mla on: the MLA decode as "attention_vendor"). `packed_kda`: in a
     step that also prefills, the KDA verification rows run inside the prefill's chunked pass (kda_overlap on).
+    `sharded_latent_up`: each rank up-projects the latent MoE's output into only its 1/tp of the hidden size and
+    holds only those weights (moe_dedup on).
     `free_list`: a factory of the prefix cache's free-block order; `resume`: where a session's next turn resumes
     (cache_retention). `num_drafts` and `alphas`: MTP drafts per verification and their conditional acceptance
     rates (draft_length; None: the simulator's default).
@@ -26,6 +28,7 @@ class SimSetting:
 
     kernel_classes: dict[str, str] = field(default_factory=dict)
     packed_kda: bool = False
+    sharded_latent_up: bool = False
     free_list: Callable[[], Any] | None = field(default=None, compare=False)
     resume: Any = None
     num_drafts: int | None = None

@@ -1,5 +1,7 @@
-"""moe_dedup in the simulator: not modelled yet (issue 28: the latent tail's up-projection per rank); off is the
-simulator's own path, every rank up-projecting the replicated latent."""
+"""moe_dedup in the simulator: on, each tensor-parallel rank up-projects the latent MoE's output into only its
+1/tp of the hidden size (its rows of W_up, all it holds), so the up-projection's FLOPs and weight bytes per rank
+fall by tp and the weights free that much memory for the cache; the same two all-reduces (README.md). Off is the
+replicated tail. sp and tiered are not modelled yet."""
 
 from __future__ import annotations
 
@@ -13,4 +15,6 @@ def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
     check_platform(platform)
     if config.mode == "off":
         return SimSetting()
-    raise not_modelled("moe_dedup", config.mode, ("off",))
+    if config.mode == "on":
+        return SimSetting(sharded_latent_up=True)
+    raise not_modelled("moe_dedup", config.mode, ("off", "on"))

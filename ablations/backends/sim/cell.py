@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ablations.backends.sim.config import KV_DTYPES, SimBackendConfig
-from ablations.backends.sim.cost import Parallel, SimModel
+from ablations.backends.sim.cost import Mechanisms, Parallel, SimModel
 from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.step_model import StepModel
 from ablations.backends.sim.timing import cache_capacity_gb
@@ -92,7 +92,9 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     applied = settings(toggles, hardware.platform)
     model = SimModel(spec=MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
-    left = cache_capacity_gb(model, parallel, hardware)
+    mech = Mechanisms(packed_kda=any(s.packed_kda for s in applied.values()),
+                      sharded_latent_up=any(s.sharded_latent_up for s in applied.values()))
+    left = cache_capacity_gb(model, parallel, hardware, mech=mech)
     if backend.cache_gb > left:
         raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
                          f"{hardware.name} has left after {model_name}'s weights; valid: 0 < cache_gb <= {left:.1f}")
@@ -105,8 +107,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     cache = applied["cache_retention"]
     geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
                            num_spec_tokens=k)
-    steps = StepModel(model, parallel, hardware, k, classes=classes,
-                      packed_kda=any(s.packed_kda for s in applied.values()))
+    steps = StepModel(model, parallel, hardware, k, classes=classes, mech=mech)
     return SimSetup(model, parallel, hardware, steps, geometry, cache_gb, geometry.num_blocks(cache_gb * 1e9),
                     drafts.alphas, cache.free_list or LruFreeList, cache.resume,
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))

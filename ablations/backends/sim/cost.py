@@ -70,6 +70,19 @@ class Parallel:
 
 
 @dataclass(frozen=True)
+class Mechanisms:
+    """What the toggles change in a step's costs (from their `SimSetting`s): `packed_kda`, a step's verification
+    rows in its prefill's chunked KDA pass (kda_overlap on, `packed`); `sharded_latent_up`, each rank up-projecting
+    only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on)."""
+
+    packed_kda: bool = False
+    sharded_latent_up: bool = False
+
+
+STOCK = Mechanisms()      # every toggle's mechanism off
+
+
+@dataclass(frozen=True)
 class Seq:
     """One request's part of a step: `new_tokens` computed now after `context` cached tokens; `kind` prefill
     (a chunk), decode (one token) or verify (the last token and K drafts: K + 1 tokens)."""
@@ -223,16 +236,18 @@ def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """One latent-MoE layer per rank: router, shared experts (tensor parallel), the replicated latent down and
-    up projections, the routed experts (MXFP4), and the all-reduce of their partial latents."""
+    up projections (the up one 1/tp per rank with `mech.sharded_latent_up`), the routed experts (MXFP4), and the
+    all-reduce of their partial latents."""
     s, t = m.spec, p.tp
     tokens = sum(q.new_tokens for q in seqs)
     router = gemm(tokens, s.hidden, s.num_experts, m.weight_bytes, m.act_bytes)
     shared_inter = _split(s.moe_intermediate * s.num_shared_experts, t, "shared intermediate")
     shared = swiglu(m, tokens, shared_inter)
+    up = _split(s.hidden, t, "hidden") if mech.sharded_latent_up else s.hidden
     latent = Cost.total((gemm(tokens, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes),
-                         gemm(tokens, s.expert_latent, s.hidden, m.weight_bytes, m.act_bytes)))
+                         gemm(tokens, s.expert_latent, up, m.weight_bytes, m.act_bytes)))
     per_expert = expert_params(s)
     pairs = tokens * s.experts_per_token
     # Attention is tensor parallel, so every rank holds every token: each computes its share of the routed experts
@@ -281,9 +296,9 @@ def packed(seqs: list[Seq]) -> list[Seq]:
     return [Seq(q.new_tokens, q.context, "prefill") if q.kind == "verify" else q for q in seqs]
 
 
-def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], *, packed_kda: bool = False) -> dict[str, Cost]:
+def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """Every kernel class's Cost over the whole model for one step, per rank (the MTP draft passes are the
-    engine's: `mtp_costs`); `packed_kda`: KDA runs the step's verification rows in its prefill pass (`packed`)."""
+    engine's: `mtp_costs`), with the toggles' `mech`anisms."""
     if not seqs:
         return {}
     s = m.spec
@@ -294,9 +309,9 @@ def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], *, packed_kda: bool = 
         for name, cost in costs.items():
             out.setdefault(name, Cost()).add(cost, times)
 
-    add(kda_layer(m, p, packed(seqs) if packed_kda else seqs), s.num_kda_layers)
+    add(kda_layer(m, p, packed(seqs) if mech.packed_kda else seqs), s.num_kda_layers)
     add(mla_layer(m, p, seqs), s.num_mla_layers)
-    add(moe_layer(m, p, seqs), m.num_moe_layers)
+    add(moe_layer(m, p, seqs, mech), m.num_moe_layers)
     add(dense_layer(m, p, seqs), m.num_dense_layers)
     mix = Cost()
     for layer in range(s.num_layers):
@@ -308,27 +323,27 @@ def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], *, packed_kda: bool = 
     return out
 
 
-def mtp_costs(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+def mtp_costs(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """One MTP draft pass per rank over `seqs`' tokens: its projection of [embedding; hidden] (2·hidden ->
     hidden), one decoder layer (taken as MLA attention and a latent MoE: assumed, README.md) and the LM head."""
     s = m.spec
     tokens = sum(q.new_tokens for q in seqs)
     out: dict[str, Cost] = {"mtp_proj": gemm(tokens, 2 * s.hidden, s.hidden, m.weight_bytes, m.act_bytes)}
-    for costs in (mla_layer(m, p, seqs), moe_layer(m, p, seqs)):
+    for costs in (mla_layer(m, p, seqs), moe_layer(m, p, seqs, mech)):
         for name, cost in costs.items():
             out[f"mtp_{name}"] = cost
     out["mtp_lm_head"] = lm_head(m, p, tokens)
     return out
 
 
-def weights_per_rank(m: SimModel, p: Parallel) -> float:
+def weights_per_rank(m: SimModel, p: Parallel, mech: Mechanisms = STOCK) -> float:
     """Bytes of weights each rank holds: every layer's, the MTP layer's, the embedding and the LM head."""
     s, t = m.spec, p.tp
     one = [Seq(1, 0, "decode")]
     kda = kda_layer(m, p, one)["kda_proj"].weight_bytes
     mla = mla_layer(m, p, one)
     attn = mla["mla_proj"].weight_bytes + mla["mla_decode"].weight_bytes
-    moe = moe_layer(m, p, one)
+    moe = moe_layer(m, p, one, mech)
     experts = s.num_experts * expert_params(s) * m.expert_bytes / t
     dense = dense_layer(m, p, one)["dense_ffn"].weight_bytes
     non_expert = sum(moe[k].weight_bytes for k in ("moe_router", "moe_shared", "moe_latent"))

@@ -16,7 +16,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ablations.backends.sim.cost import Cost, Parallel, Seq, SimModel, expected_experts, mtp_costs, step_costs
+from ablations.backends.sim.cost import (
+    STOCK,
+    Cost,
+    Mechanisms,
+    Parallel,
+    Seq,
+    SimModel,
+    expected_experts,
+    mtp_costs,
+    step_costs,
+)
 from ablations.backends.sim.timing import allreduce_s, efficiency, kernel_class, step_time
 from ablations.hardware import KERNEL_CLASSES, OPTIONAL_KERNEL_CLASSES, HardwareConfig
 
@@ -61,18 +71,18 @@ def draft_seqs(seqs: Sequence[Seq]) -> list[Seq]:
     return [Seq(1, s.context + s.new_tokens, "decode") for s in seqs if s.kind != "prefill"]
 
 
-def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int, *,
-                packed_kda: bool = False) -> dict[str, Cost]:
+def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int,
+                mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """The reference: the target pass over `seqs` and, with `num_drafts` K > 0, the MTP's first pass over the same
-    tokens and K - 1 more over one token per decoding request (`draft_seqs`); `packed_kda`: `cost.packed`."""
+    tokens and K - 1 more over one token per decoding request (`draft_seqs`), with the toggles' `mech`anisms."""
     seqs = list(seqs)
-    out = step_costs(m, p, seqs, packed_kda=packed_kda)
+    out = step_costs(m, p, seqs, mech)
     if num_drafts and seqs:
-        for name, cost in mtp_costs(m, p, seqs).items():
+        for name, cost in mtp_costs(m, p, seqs, mech).items():
             out.setdefault(name, Cost()).add(cost)
         drafts = draft_seqs(seqs)
         if drafts and num_drafts > 1:
-            for name, cost in mtp_costs(m, p, drafts).items():
+            for name, cost in mtp_costs(m, p, drafts, mech).items():
                 out.setdefault(name, Cost()).add(cost, num_drafts - 1)
     return out
 
@@ -127,19 +137,18 @@ def fit(fn, m: SimModel, seed: int = 0, classes: dict[str, str] | None = None) -
 
 class StepModel:
     """Seconds per step of a model on a node with `num_drafts` MTP drafts per decoding request (0: none), the
-    toggles' kernel classes (`classes`) and KDA packing (`packed_kda`): `time(seqs)` for one step, `times(rows)`
+    toggles' kernel classes (`classes`) and cost `mech`anisms: `time(seqs)` for one step, `times(rows)`
     for a batch of feature rows (`batch_features`)."""
 
     def __init__(self, m: SimModel, p: Parallel, hw: HardwareConfig, num_drafts: int, *,
-                 classes: dict[str, str] | None = None, packed_kda: bool = False) -> None:
+                 classes: dict[str, str] | None = None, mech: Mechanisms = STOCK) -> None:
         if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
             raise ValueError(f"num_drafts: invalid value {num_drafts!r}; valid: an integer >= 0")
         step_time({}, hw, p)                                # the node must be modelled
         self.model, self.parallel, self.hw, self.num_drafts = m, p, hw, num_drafts
-        self.classes, self.packed_kda = dict(classes or {}), packed_kda
-        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), packed_kda=packed_kda), m,
-                     classes=self.classes)
-        drafts = fit(lambda seqs: mtp_costs(m, p, seqs), m, classes=self.classes) if num_drafts > 1 else None
+        self.classes, self.mech = dict(classes or {}), mech
+        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), mech), m, classes=self.classes)
+        drafts = fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, classes=self.classes) if num_drafts > 1 else None
         used = {CLASSES[i] for i in np.nonzero(np.abs(target).sum(axis=(0, 2)))[0]}
         eff = np.array([efficiency(hw, k) if k in used or k in KERNEL_CLASSES else 1.0 for k in CLASSES])
         peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
@@ -222,5 +231,5 @@ class StepModel:
 
     def exact_time(self, seqs: Sequence[Seq]) -> float:
         """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
-        return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, packed_kda=self.packed_kda),
-                         self.hw, self.parallel, self.classes).total_s
+        return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, self.mech), self.hw,
+                         self.parallel, self.classes).total_s

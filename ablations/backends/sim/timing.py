@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ablations.backends.sim.cost import Cost, Parallel, SimModel, kernel_time, weights_per_rank
+from ablations.backends.sim.cost import STOCK, Cost, Mechanisms, Parallel, SimModel, kernel_time, weights_per_rank
 from ablations.hardware import KERNEL_CLASSES, MODEL_FIGURES, HardwareConfig
 
 # Which kernel class each of cost.py's Cost names runs as (an MTP pass's "mtp_<name>" as <name>).
@@ -88,11 +88,12 @@ def roofline_s(costs: dict[str, Cost], hw: HardwareConfig) -> float:
     return max(total.flops / (hw.peak_bf16_tflops * 1e12), total.bytes / (hw.bandwidth_tb_s * 1e12))
 
 
-def cache_capacity_gb(model: SimModel, parallel: Parallel, hw: HardwareConfig, reserve_fraction: float = 0.1) -> float:
+def cache_capacity_gb(model: SimModel, parallel: Parallel, hw: HardwareConfig, reserve_fraction: float = 0.1,
+                      mech: Mechanisms = STOCK) -> float:
     """GB per rank left for the KV cache and KDA states after the weights and `reserve_fraction` of the memory
     (activations, graphs); a model that does not fit is a ValueError saying by how much."""
     _modelled(hw)
-    weights = weights_per_rank(model, parallel) / 1e9
+    weights = weights_per_rank(model, parallel, mech) / 1e9
     usable = hw.memory_gb * (1 - reserve_fraction)
     if weights > usable:
         raise ValueError(f"{model.spec.name} does not fit on {hw.name} at tp={parallel.tp}: its weights take "

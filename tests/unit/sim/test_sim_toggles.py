@@ -76,3 +76,16 @@ def test_kda_overlap_changes_nothing_without_speculation():
     assert off["engine"]["drafts"] == 0
     assert close(on, off)
     assert not close(point(kda_overlap="on"), point())
+
+
+@pytest.mark.slow
+def test_moe_dedup_on_reads_less_per_step_and_leaves_more_cache():
+    off, on = point(), point(moe_dedup="on")
+    hw, _ = default_case()
+    toggles = {name: make_config(name, mode="on" if name == "moe_dedup" else "off") for name in OPTIMIZATIONS}
+    stock = {name: make_config(name, mode="off") for name in OPTIMIZATIONS}
+    more, less = (sim_setup(SimBackendConfig(), "kimi_k3", hw, t) for t in (toggles, stock))
+    # each rank holds 1/8 of W_up (3584 x 7168 bf16 per MoE layer and the MTP layer's): 93 x 51.4 MB x 7/8 more cache
+    assert more.cache_gb - less.cache_gb == pytest.approx(93 * 3584 * 7168 * 2 * 7 / 8 / 1e9, rel=1e-6)
+    assert on["interactivity"] > off["interactivity"]
+    assert on["throughput_per_gpu"] > off["throughput_per_gpu"]
