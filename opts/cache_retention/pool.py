@@ -88,6 +88,7 @@ class _Running:
     num_hashed: int
     session: str | None
     next_block: int = 0     # the decode block `grow` allocates next (its index k: tokens k·B + 1 onward)
+    states: list[tuple[int, tuple]] = field(default_factory=list)     # the states it named: (block, name)
 
 
 class HybridPool:
@@ -253,10 +254,11 @@ class HybridPool:
         return need
 
     def admit(self, index: int, request: CacheRequest, keys: list, previous: CacheRequest | None,
-              now_s: float, upto: int | None = None) -> int | None:
+              now_s: float, upto: int | None = None, readmit: bool = False) -> int | None:
         """Run the request's prefill and decode allocations; its hit in tokens, or None when the free blocks
         (after the hit's own) are too few now. `upto` (at least the prompt): allocate for the first `upto`
-        computed tokens only and leave the rest to `grow`, as vLLM allocates while a request decodes."""
+        computed tokens only and leave the rest to `grow`, as vLLM allocates while a request decodes. `readmit`: a
+        preempted request again (its prompt all it had computed), which keeps no prompt tail for a resume."""
         g, size, session = self.geometry, self.block_size, request.session
         hit, is_resume, found = self.find_hit(request, keys, previous)
         leading, num_hit_blocks = len(found), hit // size
@@ -295,7 +297,7 @@ class HybridPool:
         if checkpoint > max(hit, junction if junction < checkpoint else 0):
             self._step(run, keys, end=checkpoint, cache_state=True)
         self._step(run, keys, end=prompt, cache_state=False)
-        if self.resume is not None and self.resume.at_prompt_tail and session is not None:
+        if self.resume is not None and self.resume.at_prompt_tail and session is not None and not readmit:
             self._keep_prompt_tail(run, request, index)
         run.next_block = -(-prompt // size)
         if not self.grow(index, request, keys, processed if upto is None else upto):
@@ -322,10 +324,18 @@ class HybridPool:
         run.next_block = max(run.next_block, blocks.stop)
         return True
 
-    def preempt(self, index: int) -> None:
-        """Free a running request's blocks as vLLM does when it preempts one (cached blocks stay cached, to the
-        back of the free list); it is admitted again later from its cached prefix."""
+    def preempt(self, index: int, computed: int) -> None:
+        """Free a running request's blocks as vLLM does when it preempts one, after `computed` tokens: cached
+        blocks and states up to there stay cached (to the back of the free list), those the model cached ahead of
+        the computation (a prompt's later chunks) lose their names; it is admitted again later from its cached
+        prefix."""
         run = self.running.pop(index)
+        for bid in [b for blocks in run.attn for b in blocks]:
+            if bid in self.key_of and self.depth[bid] > computed:
+                self._unhash(bid)
+        for bid, key in run.states:         # freed already, maybe reused since: only if still the name it gave
+            if self.key_of.get(bid) == key and self.depth[bid] > computed:
+                self._unhash(bid)
         for bid in run.state:
             self._free([bid])
         for blocks in run.attn:
@@ -344,7 +354,9 @@ class HybridPool:
         if not decode:
             if cache_state:
                 for i, bid in enumerate(new_state):
-                    self._hash(bid, (STATE, i, keys[end // size - 1]), end)
+                    key = (STATE, i, keys[end // size - 1])
+                    self._hash(bid, key, end)
+                    run.states.append((bid, key))
             self._cache_full(run, keys, end)
         if run.state:
             self._free(run.state)

@@ -163,7 +163,8 @@ class _Engine:
         self.stretches = stretches
         self.q = 1 + model.num_drafts
         self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size)
-        if hasattr(free_list, "bind"):
+        self.session_aware = hasattr(free_list, "bind")
+        if self.session_aware:
             free_list.bind(self.pool)
         self.requests = cache_requests(trace)
         self.stats = EngineStats()
@@ -192,7 +193,8 @@ class _Engine:
                                 f"blocks of {pool.block_size} tokens; the pool has {pool.num_blocks}")
         r = self.requests[rid]
         previous = self.requests[r.continues] if r.continues is not None else None
-        return pool.admit(rid, request, self._keys(rid), previous, now, upto=request.num_prompt_tokens)
+        return pool.admit(rid, request, self._keys(rid), previous, now, upto=request.num_prompt_tokens,
+                          readmit=request is not r)
 
     def _grow(self, run: _Run, upto: int) -> bool:
         return self.pool.grow(run.rid, run.request, self._keys(run.rid), upto)
@@ -252,6 +254,9 @@ class _Engine:
 
         def finish(run: _Run, t: float) -> None:
             nonlocal blocked
+            if run.computed != run.request.num_processed_tokens:      # every token computed once, or again after
+                raise RuntimeError(f"sim engine: request {run.rid} finished with {run.computed} of its "
+                                   f"{run.request.num_processed_tokens} tokens computed")
             self.stats.accepted += max(run.output - 1 - run.steps, 0)
             pool.finish(run.rid, run.request, t)
             running.remove(run)
@@ -264,11 +269,11 @@ class _Engine:
             """vLLM's recompute preemption: the blocks freed, back to the head of the queue; admitted again, it
             prefills all it had computed (from what is still cached) and decodes on."""
             nonlocal blocked
-            pool.preempt(run.rid)
+            pool.preempt(run.rid, run.computed)
             running.remove(run)
             (decoding if run in decoding else prefilling).remove(run)
             r = self.requests[run.rid]
-            target = max(run.computed, r.num_prompt_tokens)
+            target = max(run.computed, run.target)      # a re-prefill preempted again keeps its target
             run.request = dataclasses.replace(r, num_prompt_tokens=target,
                                               num_output_tokens=r.num_processed_tokens + 1 - target)
             preempted[run.rid] = run
@@ -354,7 +359,8 @@ class _Engine:
             rows = model.batch_features(prefill, num_decodes, context, q)
             durations = model.times(rows)
             admissible = budget and not blocked and len(running) < sched.max_num_seqs
-            if steps > 1 and releases and admissible:      # a release is admitted at the first step after it
+            # a release is admitted at the first step after it; a session-aware free order also notes its arrival
+            if steps > 1 and releases and (admissible or self.session_aware):
                 starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
                 steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
             if steps > 1:       # the blocks the stretch's later verifications need, or fewer steps

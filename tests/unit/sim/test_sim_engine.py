@@ -18,7 +18,7 @@ from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
 from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.step_model import StepModel
-from ablations.config import compose_app
+from ablations.config import compose_app, sim_wired
 from ablations.workload.generate import generate
 from ablations.workload.presets import preset
 from ablations.workload.trace import Request, Trace
@@ -189,3 +189,21 @@ def test_points_on_two_processes_equal_points_in_this_one():
         for point in cell["point_details"]:
             point.pop("wall_s")
     assert json.dumps(cells[0], sort_keys=True) == json.dumps(cells[1], sort_keys=True)
+
+
+def test_a_reprefill_preempted_again_keeps_what_it_had_to_recompute():
+    # a budget of 32 tokens keeps re-prefills in flight when the next preemption comes
+    trace = Trace(tuple(one_request(3000, 3000, hash_base=100 * i) for i in range(3)), 512)
+    kw = {"num_blocks": 20, "scheduler": SchedulerConfig(max_num_batched_tokens=32)}
+    records, stats = replay(trace, **kw)
+    slow, slow_stats = replay(trace, stretches=False, **kw)
+    assert stats.num_preemptions > 3 and slow_stats.num_preemptions == stats.num_preemptions
+    assert [r.output_tokens for r in records] == [3000] * 3
+    for a, b in zip(records, slow, strict=True):
+        assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9)
+
+
+def test_every_cache_retention_mode_is_a_wired_toggle_of_the_simulator():
+    for mode in ("on", "evict", "resume"):
+        assert "cache_retention" in sim_wired("rocm", {"on": {"cache_retention": mode}})
+    assert "aiter_mla" in sim_wired("rocm") and "aiter_mla" not in sim_wired("cuda")

@@ -1,5 +1,6 @@
 """The pool model against vLLM-CPU's own free queue, and a pool too small for one request."""
 
+import dataclasses
 import gc
 
 import pytest
@@ -8,7 +9,7 @@ from cache_retention_helpers import TOY, request, tokens
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.geometry import TINY
-from opts.cache_retention.pool import CapacityError, HybridPool, replay, request_keys
+from opts.cache_retention.pool import CapacityError, HybridPool, Resume, replay, request_keys
 from opts.cache_retention.retention import run
 from opts.cache_retention.stream import CacheStream
 
@@ -134,8 +135,34 @@ def test_grow_changes_nothing_when_blocks_run_out_and_preempt_frees_the_request(
     before = (pool.num_free(), dict(pool.ref), pool.free.order())
     assert not pool.grow(1, b, kb, 12)
     assert (pool.num_free(), dict(pool.ref), pool.free.order()) == before
-    pool.preempt(1)
+    pool.preempt(1, computed=8)
     assert pool.num_preemptions == 1 and 1 not in pool.running and pool.num_free() == 4
     freed = pool.free.order()
     assert sum(bid in pool.key_of for bid in freed) == 3        # its 2 full blocks and the state at 8 stay cached
     assert pool.grow(0, a, ka, 9)
+
+
+def test_a_request_preempted_while_prefilling_keeps_cached_only_what_it_computed():
+    """Prompt 13, answer 2 at B=4: admission names the prompt's 3 full blocks and the state at 12 ahead of the
+    chunks; preempted after 4 computed tokens, only the first block keeps its name."""
+    r = request(0, 1, tokens("a", 15), 13, 2)
+    keys = request_keys(r, 0, 4, 4)
+    pool = HybridPool(TOY, 12, LruFreeList(), resume=None, chunk_size=4)
+    pool.admit(0, r, keys, None, 0.0, upto=13)
+    assert sorted(pool.depth[b] for b in pool.key_of) == [4, 8, 12, 12]        # 3 blocks and the state at 12
+    pool.preempt(0, computed=4)
+    assert sorted(pool.depth[b] for b in pool.key_of) == [4]
+    assert pool.admit(0, r, keys, None, 1.0, upto=13) == 0      # a hit needs a state: none at 4 was kept
+
+
+def test_a_readmitted_request_keeps_no_prompt_tail_past_its_ids():
+    """Prompt-tail resume on a request re-admitted with all it had computed (prompt 6 + 30 answered tokens) as
+    its prompt: its ids cover only the original prompt, so no tail copy is named there."""
+    first = request(0, 1, tokens("a", 40), 6, 34, "S")
+    again = dataclasses.replace(first, num_prompt_tokens=36, num_output_tokens=4)
+    keys = request_keys(first, 0, 4, 4)
+    pool = HybridPool(TOY, 40, LruFreeList(), resume=Resume(at_prompt_tail=True, unit=1), chunk_size=4)
+    pool.admit(0, first, keys, None, 0.0, upto=6)
+    pool.preempt(0, computed=36)
+    assert pool.admit(0, again, keys, None, 1.0, upto=36, readmit=True) is not None
+    pool.finish(0, again, 2.0)
