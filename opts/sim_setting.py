@@ -29,7 +29,7 @@ class SimSetting:
     kernel_classes: dict[str, str] = field(default_factory=dict)
     packed_kda: bool = False
     sharded_latent_up: bool = False
-    free_list: Callable[[], Any] | None = field(default=None, compare=False)
+    free_list: Callable[[], Any] | None = None
     resume: Any = None
     num_drafts: int | None = None
     alphas: tuple[float, ...] = ()
@@ -42,11 +42,6 @@ class SimSetting:
                                             or self.num_drafts < 0):
             raise ValueError(f"SimSetting.num_drafts: invalid value {self.num_drafts!r}; valid: an integer >= 0")
         object.__setattr__(self, "alphas", tuple(self.alphas))
-
-    @property
-    def is_stock(self) -> bool:
-        """Whether this setting leaves the simulated engine as it is."""
-        return self == SimSetting() and self.free_list is None
 
 
 def not_modelled(name: str, mode: str, valid: tuple[str, ...],

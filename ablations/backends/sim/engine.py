@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ablations.backends.sim.step_model import StepModel
-from ablations.metrics import RequestRecord
+from ablations.metrics import RequestRecord, cache_hit_rate
 from ablations.workload.cache_stream import continuations
 from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule
 from ablations.workload.trace import Trace
@@ -395,8 +395,7 @@ class _Engine:
                 if run in decoding:
                     decoding.remove(run)
                 finish(run, now)
-        self.stats.cache = {"hit_rate": sum(r.cached_tokens for r in records.values())
-                            / sum(r.input_tokens for r in records.values()),
+        self.stats.cache = {"hit_rate": cache_hit_rate(list(records.values())),
                             "num_evictions": pool.num_evictions, "num_resumes": pool.num_resumes,
                             "num_preemptions": pool.num_preemptions}
         return [records[i] for i in range(total)], self.stats
