@@ -21,6 +21,8 @@ class SimSetting:
     step that also prefills, the KDA verification rows run inside the prefill's chunked pass (kda_overlap on).
     `sharded_latent_up`: each rank up-projects the latent MoE's output into only its 1/tp of the hidden size and
     holds only those weights (moe_dedup on).
+    `fused`: stages that run as one fused kernel each (fusion on: "kda_decode", "mla_norm"), their kernels and
+    bytes from fusion's traffic accounting (`opts.fusion.sim`).
     `free_list`: a factory of the prefix cache's free-block order; `resume`: where a session's next turn resumes
     (cache_retention). `num_drafts` and `alphas`: MTP drafts per verification and their conditional acceptance
     rates (draft_length; None: the simulator's default).
@@ -29,6 +31,7 @@ class SimSetting:
     kernel_classes: dict[str, str] = field(default_factory=dict)
     packed_kda: bool = False
     sharded_latent_up: bool = False
+    fused: tuple[str, ...] = ()
     free_list: Callable[[], Any] | None = None
     resume: Any = None
     num_drafts: int | None = None
@@ -38,6 +41,9 @@ class SimSetting:
         bad = {k: v for k, v in self.kernel_classes.items() if not (isinstance(k, str) and isinstance(v, str))}
         if bad:
             raise ValueError(f"SimSetting.kernel_classes: names and classes must be strings, got {bad!r}")
+        if isinstance(self.fused, str) or not all(isinstance(m, str) for m in self.fused):
+            raise ValueError(f"SimSetting.fused: expected a list of stage names, got {self.fused!r}")
+        object.__setattr__(self, "fused", tuple(self.fused))
         if self.num_drafts is not None and (isinstance(self.num_drafts, bool) or not isinstance(self.num_drafts, int)
                                             or self.num_drafts < 0):
             raise ValueError(f"SimSetting.num_drafts: invalid value {self.num_drafts!r}; valid: an integer >= 0")

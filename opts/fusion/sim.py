@@ -1,11 +1,32 @@
-"""fusion in the simulator: not modelled yet (issue 28: its kernel counts and bytes from the package's traffic
-accounting); off is the simulator's own path, separate passes."""
+"""fusion in the simulator: on, the mechanisms it lists run as one fused kernel each; off, vLLM's separate passes.
+The kernels and bytes of both paths come from this package's traffic accounting (`traffic.py`), at the sizes the
+simulator asks for, each pass streaming its inputs and outputs (a GPU kernel keeps its intermediates on chip).
+
+The simulator decides where each path runs: the fused KDA decode only in a step that decodes and prefills nothing,
+and never once speculation is configured (vLLM checks at construction: `amd/ops/kda_decode.py`, `num_spec != 0`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from opts.base import ToggleConfig
+from opts.fusion.config import MECHANISMS
+from opts.fusion.shapes import KdaDecodeShape, MlaNormShape
+from opts.fusion.traffic import PathCost, kda_decode_cost, mla_norm_cost
 from opts.sim_setting import SimSetting, not_modelled
 from opts.vllm_setting import check_platform
+
+DTYPES = {2: torch.bfloat16, 4: torch.float32}
+
+
+@dataclass(frozen=True)
+class StageTraffic:
+    """One stage of a step as the simulator prices it: kernels launched and bytes moved."""
+
+    kernels: int
+    bytes: float
 
 
 def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
@@ -13,4 +34,31 @@ def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
     check_platform(platform)
     if config.mode == "off":
         return SimSetting()
-    raise not_modelled("fusion", config.mode, ("off",))
+    if config.mode == "on":
+        return SimSetting(fused=tuple(m for m in MECHANISMS if config.is_fused(m)))
+    raise not_modelled("fusion", config.mode, ("off", "on"))
+
+
+def _dtype(nbytes: float) -> torch.dtype:
+    if nbytes not in DTYPES:
+        raise ValueError(f"fusion traffic: activations of {nbytes!r} bytes; valid: {', '.join(map(str, DTYPES))}")
+    return DTYPES[nbytes]
+
+
+def _stage(path: PathCost) -> StageTraffic:
+    return StageTraffic(path.kernels, float(path.streamed_bytes))
+
+
+def kda_decode_traffic(num_tokens: int, num_heads: int, head_dim: int, conv_width: int, act_bytes: float,
+                       fused: bool) -> StageTraffic:
+    """The KDA decode of `num_tokens` one-token requests on a rank holding `num_heads` heads: conv update,
+    recurrent update and gated RMSNorm with the copies between them (off), or one fused kernel (on)."""
+    pair = kda_decode_cost(KdaDecodeShape(num_tokens, num_heads, head_dim, conv_width), _dtype(act_bytes))
+    return _stage(pair.on if fused else pair.off)
+
+
+def mla_norm_traffic(num_tokens: int, q_lora_rank: int, kv_lora_rank: int, act_bytes: float,
+                     fused: bool) -> StageTraffic:
+    """The RMSNorms of the MLA q and kv latents over `num_tokens` tokens: two passes (off) or one (on)."""
+    pair = mla_norm_cost(MlaNormShape(num_tokens, q_lora_rank, kv_lora_rank), _dtype(act_bytes))
+    return _stage(pair.on if fused else pair.off)

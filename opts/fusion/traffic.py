@@ -47,6 +47,12 @@ class PathCost:
         return sum(k.read + k.written for k in self.steps)
 
     @property
+    def streamed_bytes(self) -> int:
+        """Bytes when each compiled pass keeps its intermediates on chip, as a GPU kernel does: its inputs and
+        outputs only (`bytes` counts the intermediates inductor materialises on CPU, written and read back)."""
+        return self.bytes - 2 * sum(sum(k.allocs) for k in self.of_kind("compiled"))
+
+    @property
     def kernels(self) -> int:
         return len(self.steps)
 

@@ -92,8 +92,13 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     applied = settings(toggles, hardware.platform)
     model = SimModel(spec=MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
+    drafts = applied["draft_length"]
+    k = drafts.num_drafts or 0
+    fused = {stage for s in applied.values() for stage in s.fused}
+    # vLLM picks the fused KDA decode at construction, and not with speculation configured (amd/ops/kda_decode.py)
     mech = Mechanisms(packed_kda=any(s.packed_kda for s in applied.values()),
-                      sharded_latent_up=any(s.sharded_latent_up for s in applied.values()))
+                      sharded_latent_up=any(s.sharded_latent_up for s in applied.values()),
+                      fused_kda_decode="kda_decode" in fused and k == 0, fused_mla_norm="mla_norm" in fused)
     left = cache_capacity_gb(model, parallel, hardware, mech=mech)
     if backend.cache_gb > left:
         raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
@@ -102,8 +107,6 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     classes: dict[str, str] = {}
     for setting in applied.values():
         classes.update(setting.kernel_classes)
-    drafts = applied["draft_length"]
-    k = drafts.num_drafts or 0
     cache = applied["cache_retention"]
     geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
                            num_spec_tokens=k)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from opts.fusion.sim import kda_decode_traffic, mla_norm_traffic
 from opts.k3 import K3, K3Spec
 
 KINDS = ("prefill", "decode", "verify")
@@ -73,10 +74,14 @@ class Parallel:
 class Mechanisms:
     """What the toggles change in a step's costs (from their `SimSetting`s): `packed_kda`, a step's verification
     rows in its prefill's chunked KDA pass (kda_overlap on, `packed`); `sharded_latent_up`, each rank up-projecting
-    only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on)."""
+    only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on);
+    `fused_kda_decode` and `fused_mla_norm`, those stages as one kernel each (fusion on; the KDA decode only in a
+    step that prefills nothing, and never with speculation configured: the caller's rule)."""
 
     packed_kda: bool = False
     sharded_latent_up: bool = False
+    fused_kda_decode: bool = False
+    fused_mla_norm: bool = False
 
 
 STOCK = Mechanisms()      # every toggle's mechanism off
@@ -158,9 +163,11 @@ def _split(total: int, tp: int, name: str) -> int:
     return total // tp
 
 
-def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
+def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """One KDA layer per rank: its projections (in_proj q, k, v, output gate, f_a, beta; f_b; o_proj), the
-    short conv and the recurrence (chunked for prefill, token by token for decode and verify)."""
+    short conv and the recurrence (chunked for prefill, token by token for decode and verify). The decode rows'
+    conv, recurrence and gated norm move the bytes and launch the kernels of fusion's traffic accounting: its
+    fused kernel with `mech.fused_kda_decode` in a step that prefills nothing, else its separate passes."""
     s, t = m.spec, p.tp
     d, heads = s.kda_head_dim, _split(s.kda_heads, t, "kda_heads")
     proj = heads * d                                    # P / tp
@@ -172,7 +179,10 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1     # o_proj's all-reduce
     prefill, recurrent = Cost(), Cost()
     state = heads * d * d * m.state_bytes                        # one request's recurrent state on this rank
+    decodes = [q for q in seqs if q.kind == "decode"]
     for q in seqs:
+        if q.kind == "decode":
+            continue
         conv_rows = s.conv_width - 1 + (q.new_tokens - 1 if q.kind == "verify" else 0)
         conv = conv_rows * 3 * proj * m.conv_bytes
         conv_flops = 2.0 * q.new_tokens * 3 * proj * s.conv_width
@@ -185,14 +195,22 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
             target = recurrent
         target.add(Cost(flops=flops + conv_flops, cache_bytes=2 * state + 2 * conv, act_bytes=io))
     prefill.kernels = 3 if any(q.kind == "prefill" for q in seqs) else 0    # conv, chunk kernel, gated norm
-    recurrent.kernels = 3 if any(q.kind != "prefill" for q in seqs) else 0
+    recurrent.kernels = 3 if any(q.kind == "verify" for q in seqs) else 0
+    if decodes:
+        n = len(decodes)
+        fused = mech.fused_kda_decode and not prefill.kernels
+        stage = kda_decode_traffic(n, heads, d, s.conv_width, m.act_bytes, fused)
+        cache = n * 2 * (state + (s.conv_width - 1) * 3 * proj * m.conv_bytes)
+        flops = n * (heads * 7.0 * d * d + 2.0 * 3 * proj * s.conv_width)
+        recurrent.add(Cost(flops=flops, cache_bytes=cache, act_bytes=stage.bytes - cache, kernels=stage.kernels))
     return {"kda_proj": gemms, "kda_prefill": prefill, "kda_recurrent": recurrent}
 
 
-def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
-    """One MLA layer per rank: fused q/kv down-projection (replicated), q_b, kv_b, output gate, o_proj; attention
-    over the 576-wide latent cache, which every rank keeps whole (prefill: heads expanded; decode and verify:
-    absorbed into the latent)."""
+def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
+    """One MLA layer per rank: fused q/kv down-projection (replicated), the RMSNorms of its q and kv latents (the
+    kernels and bytes of fusion's traffic accounting: one fused pass with `mech.fused_mla_norm`, else two), q_b,
+    kv_b, output gate, o_proj; attention over the 576-wide latent cache, which every rank keeps whole (prefill:
+    heads expanded; decode and verify: absorbed into the latent)."""
     s, t = m.spec, p.tp
     heads = _split(s.mla_heads, t, "mla_heads")
     qk = s.qk_nope_dim + s.rope_dim
@@ -203,6 +221,8 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
                         gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes),   # output gate
                         gemm(tokens, heads * s.v_head_dim, s.hidden, m.weight_bytes, m.act_bytes)))
     gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1
+    stage = mla_norm_traffic(tokens, s.q_lora_rank, s.kv_lora_rank, m.act_bytes, mech.fused_mla_norm)
+    norm = Cost(flops=4.0 * tokens * (s.q_lora_rank + s.kv_lora_rank), act_bytes=stage.bytes, kernels=stage.kernels)
     kv_b = s.kv_lora_rank * heads * (s.qk_nope_dim + s.v_head_dim)
     prefill, decode = Cost(), Cost()
     for q in seqs:
@@ -223,7 +243,7 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq]) -> dict[str, Cost]:
     if any(q.kind != "prefill" for q in seqs):
         decode.weight_bytes = kv_b * m.weight_bytes     # the absorbed W_UK and W_UV are kv_b's weights
         decode.kernels = 3
-    return {"mla_proj": gemms, "mla_prefill": prefill, "mla_decode": decode}
+    return {"mla_proj": gemms, "mla_norm": norm, "mla_prefill": prefill, "mla_decode": decode}
 
 
 def expert_params(s: K3Spec) -> int:
@@ -309,8 +329,8 @@ def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STO
         for name, cost in costs.items():
             out.setdefault(name, Cost()).add(cost, times)
 
-    add(kda_layer(m, p, packed(seqs) if mech.packed_kda else seqs), s.num_kda_layers)
-    add(mla_layer(m, p, seqs), s.num_mla_layers)
+    add(kda_layer(m, p, packed(seqs) if mech.packed_kda else seqs, mech), s.num_kda_layers)
+    add(mla_layer(m, p, seqs, mech), s.num_mla_layers)
     add(moe_layer(m, p, seqs, mech), m.num_moe_layers)
     add(dense_layer(m, p, seqs), m.num_dense_layers)
     mix = Cost()
@@ -329,7 +349,7 @@ def mtp_costs(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
     s = m.spec
     tokens = sum(q.new_tokens for q in seqs)
     out: dict[str, Cost] = {"mtp_proj": gemm(tokens, 2 * s.hidden, s.hidden, m.weight_bytes, m.act_bytes)}
-    for costs in (mla_layer(m, p, seqs), moe_layer(m, p, seqs, mech)):
+    for costs in (mla_layer(m, p, seqs, mech), moe_layer(m, p, seqs, mech)):
         for name, cost in costs.items():
             out[f"mtp_{name}"] = cost
     out["mtp_lm_head"] = lm_head(m, p, tokens)

@@ -32,8 +32,8 @@ from ablations.hardware import KERNEL_CLASSES, OPTIONAL_KERNEL_CLASSES, Hardware
 
 CLASSES = KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES
 # The features of a list of Seqs: whether there are any, the expected experts touched, then per kind (prefill; decode
-# and verify; verification in a step that also prefills, which kda_overlap packs) its presence, count, and sums of q,
-# c, q·c, q².
+# and verify; decode or verification in a step that also prefills: kda_overlap packs those verifications, and the
+# fused KDA decode runs only without them) its presence, count, and sums of q, c, q·c, q².
 FEATURES = ("step", "experts", "prefill", "n_prefill", "q_prefill", "c_prefill", "qc_prefill", "qq_prefill",
             "decode", "n_decode", "q_decode", "c_decode", "qc_decode", "qq_decode",
             "mixed", "n_mixed", "q_mixed", "c_mixed", "qc_mixed", "qq_mixed")
@@ -50,7 +50,7 @@ def features(m: SimModel, seqs: Sequence[Seq]) -> np.ndarray:
     mixed = any(s.kind == "prefill" for s in seqs)
     for s in seqs:
         q, c = s.new_tokens, s.context
-        for base in (2 if s.kind == "prefill" else 8, MIXED if mixed and s.kind == "verify" else None):
+        for base in (2 if s.kind == "prefill" else 8, MIXED if mixed and s.kind != "prefill" else None):
             if base is None:
                 continue
             x[base] = 1.0
@@ -96,27 +96,30 @@ def _by_class(costs: dict[str, Cost], classes: dict[str, str] | None = None) -> 
     return out
 
 
-def probe_steps(seed: int, count: int) -> list[list[Seq]]:
-    """Steps of every shape the engine makes: prefill only, decode only, verification only, prefill beside either;
-    short and long contexts. A step decodes or verifies, never both (the engine's K is the step's)."""
+def probe_steps(seed: int, count: int, kind: str = "verify") -> list[list[Seq]]:
+    """Steps of every shape the engine makes: prefill only, decode rows of `kind` ("decode", or "verify" of 1 to
+    9 tokens) only, prefill beside them; short and long contexts. A step's decode rows are all of one kind, as in
+    the engine, whose steps verify K drafts (K > 0) or decode (K = 0)."""
+    if kind not in ("decode", "verify"):
+        raise ValueError(f"probe_steps: kind {kind!r}; valid: decode, verify")
     rng = random.Random(seed)
     steps = []
     for i in range(count):
         seqs = []
         for _ in range(rng.randint(0 if i % 3 else 1, 3)):
             seqs.append(Seq(rng.randint(1, 4096), rng.choice((0, rng.randint(1, 200_000))), "prefill"))
-        verify = rng.random() < 0.6
         for _ in range(rng.randint(0 if i % 3 != 1 else 1, 6)):
-            q = rng.randint(1, 9) if verify else 1
-            seqs.append(Seq(q, rng.randint(0, 300_000), "verify" if verify else "decode"))
-        steps.append(seqs or [Seq(1, 0, "decode")])
+            q = rng.randint(1, 9) if kind == "verify" else 1
+            seqs.append(Seq(q, rng.randint(0, 300_000), kind))
+        steps.append(seqs or [Seq(1, 0, kind)])
     return steps
 
 
-def fit(fn, m: SimModel, seed: int = 0, classes: dict[str, str] | None = None) -> np.ndarray:
+def fit(fn, m: SimModel, seed: int = 0, classes: dict[str, str] | None = None, kind: str = "verify") -> np.ndarray:
     """Coefficients [feature, class, field] with features(seqs) · coefficients == _by_class(fn(seqs)), fitted on
-    probe steps and checked on others; a cost not linear in the features is a ValueError naming it."""
-    train, check = probe_steps(seed, 4 * NUM_FEATURES), probe_steps(seed + 1, NUM_FEATURES)
+    probe steps whose decode rows are of `kind` and checked on others; a cost not linear in the features is a
+    ValueError naming it."""
+    train, check = probe_steps(seed, 4 * NUM_FEATURES, kind), probe_steps(seed + 1, NUM_FEATURES, kind)
     x = np.stack([features(m, s) for s in train])
     y = np.stack([_by_class(fn(s), classes).ravel() for s in train])
     scale = np.abs(x).max(axis=0)
@@ -147,8 +150,10 @@ class StepModel:
         step_time({}, hw, p)                                # the node must be modelled
         self.model, self.parallel, self.hw, self.num_drafts = m, p, hw, num_drafts
         self.classes, self.mech = dict(classes or {}), mech
-        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), mech), m, classes=self.classes)
-        drafts = fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, classes=self.classes) if num_drafts > 1 else None
+        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), mech), m, classes=self.classes,
+                     kind="verify" if num_drafts else "decode")
+        drafts = (fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, classes=self.classes, kind="decode")
+                  if num_drafts > 1 else None)
         used = {CLASSES[i] for i in np.nonzero(np.abs(target).sum(axis=(0, 2)))[0]}
         eff = np.array([efficiency(hw, k) if k in used or k in KERNEL_CLASSES else 1.0 for k in CLASSES])
         peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
@@ -190,7 +195,7 @@ class StepModel:
         draft = [0.0] * NUM_FEATURES
         if n:
             head[8:14] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
-            if chunks and q > 1:                            # verifications beside a prefill
+            if chunks:                                      # decodes or verifications beside a prefill
                 head[MIXED:MIXED + 6] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
             draft[:2] = (1.0, self._experts(n))
             draft[8:14] = (1.0, n, n, 0.0, 0.0, n)
@@ -202,7 +207,7 @@ class StepModel:
         if n:
             rows[:, 11] = c
             rows[:, 12] = q * c
-            if chunks and q > 1:
+            if chunks:
                 rows[:, MIXED + 3] = c
                 rows[:, MIXED + 4] = q * c
             rows[:, NUM_FEATURES + 11] = rows[:, NUM_FEATURES + 12] = c + n * q

@@ -13,7 +13,7 @@ KERNEL_CLASS = {
     "kda_proj": "gemm", "mla_proj": "gemm", "moe_router": "gemm", "moe_shared": "gemm", "moe_latent": "gemm",
     "dense_ffn": "gemm", "lm_head": "gemm", "proj": "gemm", "moe_experts": "moe", "mla_prefill": "attention",
     "mla_decode": "attention", "kda_prefill": "recurrent", "kda_recurrent": "recurrent", "attn_res": "elementwise",
-    "embed": "elementwise",
+    "embed": "elementwise", "mla_norm": "elementwise",
 }
 
 

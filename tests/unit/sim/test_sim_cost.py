@@ -9,6 +9,7 @@ import pytest
 from ablations.backends.sim.cost import (
     MXFP4_BYTES,
     Cost,
+    Mechanisms,
     Parallel,
     Seq,
     SimModel,
@@ -92,6 +93,31 @@ def test_verify_keeps_one_state_and_a_longer_conv_window():
     costs = step_costs(SimModel(), Parallel(), [Seq(4, C, "verify")])
     assert costs["kda_recurrent"].cache_bytes == 69 * 2 * (12 * 128 * 128 * 4 + 6 * 4608 * 2)
     assert costs["lm_head"].flops == 2 * 4 * LM_HEAD_PARAMS
+
+
+FUSED = Mechanisms(fused_kda_decode=True, fused_mla_norm=True)
+
+
+def test_fusion_on_fuses_the_kda_decode_of_a_step_that_only_decodes():
+    """Off: conv, recurrence, copy, gated norm, copy (5 kernels); on: one. Each pass streams its inputs and outputs,
+    so fusing drops the conv output (written and read: 2 x 4 x 4608 bf16) and the recurrence output's trips
+    through the copies and the norm (6 x 4 x 1536 bf16): 147,456 B per layer. FLOPs and the state are the same."""
+    off, on = step_costs(SimModel(), Parallel(), STEP), step_costs(SimModel(), Parallel(), STEP, FUSED)
+    assert (off["kda_recurrent"].kernels, on["kda_recurrent"].kernels) == (69 * 5, 69 * 1)
+    assert off["kda_recurrent"].bytes - on["kda_recurrent"].bytes == 69 * (2 * 4 * 4608 * 2 + 6 * 4 * 1536 * 2)
+    assert on["kda_recurrent"].cache_bytes == off["kda_recurrent"].cache_bytes
+    assert on["kda_recurrent"].flops == off["kda_recurrent"].flops
+    # beside a prefill chunk vLLM runs its general path: the separate passes
+    mixed = [Seq(512, 0, "prefill"), *STEP]
+    assert step_costs(SimModel(), Parallel(), mixed, FUSED)["kda_recurrent"].kernels == 69 * 5
+
+
+def test_fusion_on_normalises_the_mla_latents_in_one_pass():
+    """Two RMSNorms (q over 1536, kv over 512 values per token) or one pass over both: the same bytes streamed,
+    one launch fewer per MLA layer, in every step."""
+    off, on = step_costs(SimModel(), Parallel(), STEP), step_costs(SimModel(), Parallel(), STEP, FUSED)
+    assert (off["mla_norm"].kernels, on["mla_norm"].kernels) == (24 * 2, 24 * 1)
+    assert off["mla_norm"].bytes == on["mla_norm"].bytes == 24 * (2 * R * 2048 * 2 + 2048 * 2)
 
 
 def test_prefill_is_compute_bound_and_decode_is_not():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ablations.backends.sim.cost import Cost, Parallel, Seq, SimModel
+from ablations.backends.sim.cost import STOCK, Cost, Mechanisms, Parallel, Seq, SimModel
 from ablations.backends.sim.step_model import StepModel, exact_costs, fit, probe_steps
 from ablations.backends.sim.timing import roofline_s
 from ablations.config import compose_app
@@ -19,15 +19,20 @@ def node(name: str):
     return compose_app([f"hardware={name}"]).hardware
 
 
+ALL_ON = Mechanisms(packed_kda=True, sharded_latent_up=True, fused_kda_decode=True, fused_mla_norm=True)
+
+
 @pytest.mark.parametrize("num_drafts", [0, 1, 3])
-@pytest.mark.parametrize(("hardware", "moe"), [("mi355x_x8", "ep"), ("b300_x8", "tp")])
-def test_fast_step_time_equals_the_cost_model(num_drafts, hardware, moe):
+@pytest.mark.parametrize(("hardware", "moe", "mech"), [("mi355x_x8", "ep", STOCK), ("b300_x8", "tp", STOCK),
+                                                       ("mi355x_x8", "ep", ALL_ON)])
+def test_fast_step_time_equals_the_cost_model(num_drafts, hardware, moe, mech):
     hw, parallel = node(hardware), Parallel(tp=8, moe=moe)
-    model = StepModel(SimModel(), parallel, hw, num_drafts)
-    for seqs in probe_steps(seed=1234, count=25):     # not the fit's probes (seeds 0 and 1)
+    model = StepModel(SimModel(), parallel, hw, num_drafts, mech=mech)
+    kind = "verify" if num_drafts else "decode"
+    for seqs in probe_steps(seed=1234, count=25, kind=kind):     # not the fit's probes (seeds 0 and 1)
         exact = model.exact_time(seqs)
         assert model.time(seqs) == pytest.approx(exact, rel=RTOL)
-        bound = roofline_s(exact_costs(SimModel(), parallel, seqs, num_drafts), hw)
+        bound = roofline_s(exact_costs(SimModel(), parallel, seqs, num_drafts, mech), hw)
         assert model.roofline(seqs) == pytest.approx(bound, rel=RTOL)
         assert model.time(seqs) >= model.roofline(seqs)
 

@@ -89,3 +89,33 @@ def test_moe_dedup_on_reads_less_per_step_and_leaves_more_cache():
     assert more.cache_gb - less.cache_gb == pytest.approx(93 * 3584 * 7168 * 2 * 7 / 8 / 1e9, rel=1e-6)
     assert on["interactivity"] > off["interactivity"]
     assert on["throughput_per_gpu"] > off["throughput_per_gpu"]
+
+
+def setup(**modes: str):
+    hw, _ = default_case()
+    toggles = {name: make_config(name, mode=modes.get(name, "off")) for name in OPTIMIZATIONS}
+    return sim_setup(SimBackendConfig(), "kimi_k3", hw, toggles)
+
+
+def test_mtp_disables_the_fused_kda_decode():
+    # vLLM decides at construction: with speculation configured the fused KDA decode is never used
+    speculative, plain = setup(fusion="on").steps.mech, setup(fusion="on", draft_length="k0").steps.mech
+    assert speculative.fused_mla_norm and not speculative.fused_kda_decode
+    assert plain.fused_mla_norm and plain.fused_kda_decode
+    assert not setup(draft_length="k0").steps.mech.fused_kda_decode
+
+
+def gain(on: dict, off: dict) -> float:
+    return on["throughput_per_gpu"] / off["throughput_per_gpu"]
+
+
+@pytest.mark.slow
+def test_fusion_on_saves_launches_and_more_of_them_without_speculation():
+    off, on = point(), point(fusion="on")
+    # with MTP only the q/kv norms fuse: one launch fewer per MLA layer in every step and MTP pass
+    assert on["interactivity"] > off["interactivity"]
+    assert on["throughput_per_gpu"] > off["throughput_per_gpu"]
+    # without it every decode-only step also runs one KDA decode kernel instead of five per layer
+    plain_off, plain_on = point(draft_length="k0"), point(draft_length="k0", fusion="on")
+    assert plain_on["interactivity"] > plain_off["interactivity"]
+    assert gain(plain_on, plain_off) > gain(on, off) > 1
