@@ -25,7 +25,9 @@ class SimSetting:
     bytes from fusion's traffic accounting (`opts.fusion.sim`).
     `free_list`: a factory of the prefix cache's free-block order; `resume`: where a session's next turn resumes
     (cache_retention). `num_drafts` and `alphas`: MTP drafts per verification and their conditional acceptance
-    rates (draft_length; None: the simulator's default).
+    rates (draft_length; None: the simulator's default); with `draft_schedule` (draft_length on) `num_drafts` is
+    the largest K, and `draft_schedule(cost)` the [(lo, hi, K), ...] the chooser picks on the simulated node's
+    step seconds (`cost.seconds(batch, k)`).
     """
 
     kernel_classes: dict[str, str] = field(default_factory=dict)
@@ -36,6 +38,7 @@ class SimSetting:
     resume: Any = None
     num_drafts: int | None = None
     alphas: tuple[float, ...] = ()
+    draft_schedule: Callable[[Any], tuple[tuple[int, int, int], ...]] | None = None
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in self.kernel_classes.items() if not (isinstance(k, str) and isinstance(v, str))}

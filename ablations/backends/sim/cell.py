@@ -11,13 +11,13 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ablations.backends.sim.config import KV_DTYPES, SimBackendConfig
 from ablations.backends.sim.cost import Mechanisms, Parallel, SimModel
 from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
-from ablations.backends.sim.step_model import StepModel
+from ablations.backends.sim.step_model import DecodeSeconds, DraftSteps, StepModel
 from ablations.backends.sim.timing import cache_capacity_gb
 from ablations.hardware import HardwareConfig
 from ablations.metrics import (
@@ -44,14 +44,14 @@ MODELS: dict[str, K3Spec] = {"kimi_k3": K3}
 
 @dataclass(frozen=True)
 class SimSetup:
-    """Everything one cell's replays share: the model, its parallelism and step model (the toggles' kernel classes
-    and KDA packing in it), the cache pool's geometry, size, free order and resume point, the draft length and
-    acceptance rates, the scheduler."""
+    """Everything one cell's replays share: the model, its parallelism, the step model of each draft length and the
+    K of each batch size (the toggles' kernel classes and mechanisms in them), the cache pool's geometry, size,
+    free order and resume point, the acceptance rates, the scheduler."""
 
     model: SimModel
     parallel: Parallel
     hardware: HardwareConfig
-    steps: StepModel
+    steps: DraftSteps
     geometry: CacheGeometry
     cache_gb: float
     num_blocks: int
@@ -81,9 +81,30 @@ def unmodelled(toggles: dict[str, ToggleConfig], platform: str) -> list[str]:
     return out
 
 
+def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int, Mechanisms], StepModel],
+                mech: Mechanisms, trace: Trace | None) -> DraftSteps:
+    """draft_length's step models and the K of each batch size: its fixed K, or the schedule its chooser picks on
+    this node's own c(b, K) at the workload's mean context (on). The fused KDA decode (`fuse_kda_decode`) only
+    when no K is above 0: vLLM decides at construction, and not with speculation configured
+    (amd/ops/kda_decode.py)."""
+    if setting.draft_schedule is None:
+        k = setting.num_drafts or 0
+        return DraftSteps.fixed(build(k, replace(mech, fused_kda_decode=fuse_kda_decode and k == 0)))
+    if trace is None:
+        raise ValueError("draft_length on: its chooser weighs step times at the workload's mean context; "
+                         "sim_setup needs the trace")
+    context = sum(r.input_length + r.output_length / 2 for r in trace.requests) / len(trace.requests)
+    models = {k: build(k, mech) for k in range(setting.num_drafts + 1)}
+    schedule = setting.draft_schedule(DecodeSeconds(models, context))
+    if fuse_kda_decode and max(k for _, _, k in schedule) == 0:
+        models = {0: build(0, replace(mech, fused_kda_decode=True))}
+    return DraftSteps(models, schedule)
+
+
 def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
-              toggles: dict[str, ToggleConfig]) -> SimSetup:
-    """The cell's setup, or a ValueError naming what cannot be simulated (model, toggle mode, node, fit)."""
+              toggles: dict[str, ToggleConfig], trace: Trace | None = None) -> SimSetup:
+    """The cell's setup, or a ValueError naming what cannot be simulated (model, toggle mode, node, fit);
+    `trace`: the workload, which draft_length on's chooser needs."""
     if model_name not in MODELS:
         raise ValueError(f"model: {model_name!r} is not modelled by backend=sim; valid: {', '.join(MODELS)}")
     problems = unmodelled(toggles, hardware.platform)
@@ -92,13 +113,10 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     applied = settings(toggles, hardware.platform)
     model = SimModel(spec=MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
-    drafts = applied["draft_length"]
-    k = drafts.num_drafts or 0
     fused = {stage for s in applied.values() for stage in s.fused}
-    # vLLM picks the fused KDA decode at construction, and not with speculation configured (amd/ops/kda_decode.py)
     mech = Mechanisms(packed_kda=any(s.packed_kda for s in applied.values()),
                       sharded_latent_up=any(s.sharded_latent_up for s in applied.values()),
-                      fused_kda_decode="kda_decode" in fused and k == 0, fused_mla_norm="mla_norm" in fused)
+                      fused_mla_norm="mla_norm" in fused)
     left = cache_capacity_gb(model, parallel, hardware, mech=mech)
     if backend.cache_gb > left:
         raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
@@ -107,12 +125,17 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     classes: dict[str, str] = {}
     for setting in applied.values():
         classes.update(setting.kernel_classes)
+
+    def build(k: int, mech: Mechanisms) -> StepModel:
+        return StepModel(model, parallel, hardware, k, classes=classes, mech=mech)
+
+    drafts = applied["draft_length"]
+    steps = draft_steps(drafts, "kda_decode" in fused, build, mech, trace)
     cache = applied["cache_retention"]
     geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
-                           num_spec_tokens=k)
-    steps = StepModel(model, parallel, hardware, k, classes=classes, mech=mech)
+                           num_spec_tokens=steps.max_k)
     return SimSetup(model, parallel, hardware, steps, geometry, cache_gb, geometry.num_blocks(cache_gb * 1e9),
-                    drafts.alphas, cache.free_list or LruFreeList, cache.resume,
+                    drafts.alphas[:steps.max_k], cache.free_list or LruFreeList, cache.resume,
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))
 
 
@@ -163,10 +186,10 @@ def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareC
     `backend.target_interactivity` (absent from the metrics, with the reason in `slo`, when not bracketed) and
     tokens per dollar there. `until_below_target`: stop after the first point below the target (the bracket,
     when interactivity falls with concurrency; what the report's sensitivity runs need; one point at a time)."""
-    setup = sim_setup(backend, model_name, hardware, toggles)
+    setup = sim_setup(backend, model_name, hardware, toggles, trace)
     log.info("sim: %s on %s (tp %d, moe %s), %.1f GB of cache per rank (%d blocks of %d tokens), %d drafts; %d "
              "requests; concurrencies %s", model_name, hardware.name, setup.parallel.tp, setup.parallel.moe,
-             setup.cache_gb, setup.num_blocks, setup.geometry.block_size, setup.steps.num_drafts, len(trace.requests),
+             setup.cache_gb, setup.num_blocks, setup.geometry.block_size, setup.steps.max_k, len(trace.requests),
              backend.concurrency)
     points = []
     keys = trace_keys(trace, setup.geometry.block_size)
@@ -196,7 +219,8 @@ def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareC
         "cache_gb_per_rank": setup.cache_gb,
         "cache_blocks": setup.num_blocks,
         "block_size": setup.geometry.block_size,
-        "num_drafts": setup.steps.num_drafts,
+        "num_drafts": setup.steps.max_k,
+        "draft_schedule": [list(e) for e in setup.steps.schedule],
         "alphas": list(setup.alphas),
         "metrics": metrics,
         "slo": {"target_interactivity": slo.target_interactivity,

@@ -1,8 +1,9 @@
 """The simulated engine: vLLM v1's scheduler over a modelled node, replaying a workload by its schedule.
 
-Each step, in vLLM's order: every decoding request gets its verification (1 + K tokens) while the token budget
-lasts (decode first; its blocks grown first, the newest running request preempted when they run out), then
-running prefills their next chunk, then waiting requests are admitted in release order while the budget,
+Each step, in vLLM's order: every decoding request gets its verification (1 + K tokens, K draft_length's for the
+number of requests running) while the token budget lasts (decode first; its blocks grown first, the newest
+running request preempted when they run out), then running prefills their next chunk, then waiting requests are
+admitted in release order while the budget,
 `max_num_seqs` and the cache allow; the step takes `StepModel`'s time. Admission and block allocation go through
 `opts.cache_retention`'s hybrid pool (a request's hit is its cached prefix), so cache_retention's modes act
 here as in the pool's replays. A verification's accepted drafts are drawn from the acceptance model, seeded per
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ablations.backends.sim.step_model import StepModel
+from ablations.backends.sim.step_model import DraftSteps, StepModel
 from ablations.metrics import RequestRecord, cache_hit_rate
 from ablations.workload.cache_stream import continuations
 from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule
@@ -73,9 +74,11 @@ class _Run:
     computed: int
     hit: int
     arrival_s: float
-    cum: np.ndarray          # tokens emitted after the first, cumulated over decode steps (capped at output - 1)
-    steps: int               # decode steps to finish
+    acc: np.ndarray          # drafts each decode step would accept were its K unbounded (the step accepts min(acc, K))
+    cum: np.ndarray = None   # tokens emitted after the first, cumulated over decode steps (capped at output - 1)
+    steps: int = 0           # decode steps to finish at the K of `k`
     done: int = 0
+    k: int = -1              # the K `cum` and `steps` hold from step `done` on
     first_s: float = math.nan
 
     @property
@@ -86,6 +89,17 @@ class _Run:
     def emitted(self, steps: int) -> int:
         """Tokens after the first emitted by this run's first `steps` decode steps."""
         return int(self.cum[steps - 1]) if steps else 0
+
+    def use_k(self, k: int) -> None:
+        """Verify `k` drafts per step from now on: the emitted tokens and steps to finish from step `done`."""
+        if k == self.k:
+            return
+        rest = self.output - 1
+        base = self.emitted(self.done)
+        tail = np.minimum(base + np.cumsum(1 + np.minimum(self.acc[self.done:], k)), rest)
+        self.cum = tail if self.cum is None else np.concatenate((self.cum[:self.done], tail))
+        self.steps = self.done + (int(np.searchsorted(tail, rest)) + 1 if rest > base else 0)
+        self.k = k
 
 
 def uniforms(seed: int, stream: int, count: int) -> np.ndarray:
@@ -118,16 +132,18 @@ def _schedule(trace: Trace, concurrency: int | None):
     return OpenLoopSchedule(trace)
 
 
-def simulate(trace: Trace, model: StepModel, geometry: CacheGeometry, num_blocks: int, free_list, *,
+def simulate(trace: Trace, model: StepModel | DraftSteps, geometry: CacheGeometry, num_blocks: int, free_list, *,
              resume: Resume | None, alphas: Sequence[float] = (), scheduler: SchedulerConfig = SchedulerConfig(),
              concurrency: int | None = None, seed: int = 0, stretches: bool = True,
              keys: list[list] | None = None) -> tuple[list[RequestRecord], EngineStats]:
     """Replay `trace` (closed loop over its sessions, at most `concurrency` live; a trace without sessions at its
-    timestamps) through the engine; per-request records in trace order and the engine's stats. `alphas`: the
-    conditional acceptance rates of `model.num_drafts` drafts (empty without speculation). `keys`:
+    timestamps) through the engine; per-request records in trace order and the engine's stats. `model`: the step
+    model of one draft length K, or `DraftSteps` (a model per K and the K of each batch size). `alphas`: the
+    conditional acceptance rates of the largest K's drafts (empty without speculation). `keys`:
     `trace_keys(trace, geometry.block_size)`, when several replays of the trace share them. `stretches=False`
     prices every step on its own (the reference the stretches are tested against)."""
-    k = model.num_drafts
+    steps = model if isinstance(model, DraftSteps) else DraftSteps.fixed(model)
+    k = steps.max_k
     if len(alphas) != k:
         raise ValueError(f"alphas: {len(alphas)} rates for {k} drafts per step")
     q = 1 + k
@@ -135,7 +151,7 @@ def simulate(trace: Trace, model: StepModel, geometry: CacheGeometry, num_blocks
         raise ValueError(f"scheduler.max_num_batched_tokens: {scheduler.max_num_batched_tokens} is less than one "
                          f"verification ({q} tokens)")
     with no_cycle_collection():
-        engine = _Engine(trace, model, geometry, num_blocks, free_list, resume, tuple(alphas), scheduler, seed,
+        engine = _Engine(trace, steps, geometry, num_blocks, free_list, resume, tuple(alphas), scheduler, seed,
                          stretches)
         if keys is not None:
             if len(keys) != len(trace.requests):
@@ -158,10 +174,9 @@ def trace_keys(trace: Trace, block_size: int) -> list[list]:
 
 
 class _Engine:
-    def __init__(self, trace, model, geometry, num_blocks, free_list, resume, alphas, scheduler, seed, stretches):
-        self.trace, self.model, self.alphas, self.scheduler, self.seed = trace, model, alphas, scheduler, seed
+    def __init__(self, trace, steps, geometry, num_blocks, free_list, resume, alphas, scheduler, seed, stretches):
+        self.trace, self.steps, self.alphas, self.scheduler, self.seed = trace, steps, alphas, scheduler, seed
         self.stretches = stretches
-        self.q = 1 + model.num_drafts
         self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size)
         self.session_aware = hasattr(free_list, "bind")
         if self.session_aware:
@@ -170,13 +185,12 @@ class _Engine:
         self.stats = EngineStats()
         self.keys: dict[int, list] = {}
 
-    def _new_run(self, rid: int, hit: int, arrival_s: float) -> _Run:
+    def _new_run(self, rid: int, hit: int, arrival_s: float, k: int) -> _Run:
         r = self.requests[rid]
-        rest = r.num_output_tokens - 1
-        emitted = 1 + accepted_draws(self.seed, rid, self.alphas, max(rest, 1))
-        cum = np.minimum(np.cumsum(emitted), rest)
-        steps = int(np.searchsorted(cum, rest)) + 1 if rest else 0
-        return _Run(rid, r, r.num_prompt_tokens, r.num_output_tokens, hit, hit, arrival_s, cum[:steps], steps)
+        acc = accepted_draws(self.seed, rid, self.alphas, max(r.num_output_tokens - 1, 1))
+        run = _Run(rid, r, r.num_prompt_tokens, r.num_output_tokens, hit, hit, arrival_s, acc)
+        run.use_k(k)
+        return run
 
     def _keys(self, rid: int) -> list:
         keys = self.keys.get(rid)
@@ -213,11 +227,11 @@ class _Engine:
             steps = min(steps, -(-remaining // chunk) - 1)
         return max(int(steps), 1)
 
-    def _grow_stretch(self, batch: list[_Run], steps: int) -> int:
+    def _grow_stretch(self, batch: list[_Run], steps: int, q: int) -> int:
         """Allocate the blocks the batch's verifications need over steps 1..steps-1 of a stretch, in the order
         step by step would (by step, then batch order); the steps that can run before an allocation fails. A run
         needs `pool.grow` when its tokens (computed + 1 + K) pass a block boundary or reach its last token."""
-        size, q = self.pool.block_size, self.q
+        size = self.pool.block_size
         events = []
         for pos, run in enumerate(batch):
             processed = run.request.num_processed_tokens
@@ -240,7 +254,7 @@ class _Engine:
         return steps
 
     def run(self, schedule) -> tuple[list[RequestRecord], EngineStats]:
-        sched, pool, model, q = self.scheduler, self.pool, self.model, self.q
+        sched, pool = self.scheduler, self.pool
         releases = [(rel.ready_s, rel.request_id) for rel in schedule.initial()]
         heapq.heapify(releases)
         waiting: deque[tuple[int, float]] = deque()
@@ -293,11 +307,15 @@ class _Engine:
             budget = sched.max_num_batched_tokens
             batch: list[_Run] = []
             num_preempted = self.stats.num_preemptions
+            # vLLM sets the next step's K from the requests it scheduled: those running now
+            k = self.steps.k(len(running)) if running else self.steps.k(1)
+            model, q = self.steps.models[k], 1 + k
             for run in list(decoding):
                 if budget < q:
                     break
                 if run not in decoding:         # preempted for an earlier one this step
                     continue
+                run.use_k(k)
                 while not self._grow(run, run.computed + q):
                     victim = running[-1]
                     if victim in batch:
@@ -329,7 +347,7 @@ class _Engine:
                     del preempted[rid]
                     run.computed = hit
                 else:
-                    run = self._new_run(rid, hit, ready)
+                    run = self._new_run(rid, hit, ready, k)
                 running.append(run)
                 prefilling.append(run)
                 chunk = min(run.target - run.computed, budget)
@@ -343,8 +361,10 @@ class _Engine:
                 raise CapacityError(f"{self.trace.source or 'trace'}: request {rid} ({r.num_prompt_tokens} prompt + "
                                     f"{r.num_output_tokens} output tokens) does not fit in the {pool.num_blocks} "
                                     f"blocks the cached prefixes leave")
-            # a step that preempted admitted nothing: the next one tries the queue again
-            alike = self.stretches and self.stats.num_preemptions == num_preempted
+            # a step that preempted admitted nothing: the next one tries the queue again; one that admitted a request
+            # may change the next one's K
+            alike = (self.stretches and self.stats.num_preemptions == num_preempted
+                     and self.steps.k(len(running)) == k)
             steps = self._stretch(batch, chunks, budget) if alike else 1
             num_decodes = len(batch)
             base = sum(run.computed for run in batch)
@@ -364,7 +384,7 @@ class _Engine:
                 starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
                 steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
             if steps > 1:       # the blocks the stretch's later verifications need, or fewer steps
-                steps = max(1, self._grow_stretch(batch, steps))
+                steps = max(1, self._grow_stretch(batch, steps, q))
             durations, rows = durations[:steps], rows[:steps]
             self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
                                                 float((durations / model.rooflines(rows)).min()))

@@ -29,6 +29,7 @@ from ablations.backends.sim.cost import (
 )
 from ablations.backends.sim.timing import allreduce_s, efficiency, kernel_class, step_time
 from ablations.hardware import KERNEL_CLASSES, OPTIONAL_KERNEL_CLASSES, HardwareConfig
+from opts.draft_length.schedule import check_schedule, fixed_schedule
 
 CLASSES = KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES
 # The features of a list of Seqs: whether there are any, the expected experts touched, then per kind (prefill; decode
@@ -238,3 +239,52 @@ class StepModel:
         """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
         return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, self.mech), self.hw,
                          self.parallel, self.classes).total_s
+
+
+class DraftSteps:
+    """The step model of each draft length K a cell runs and the K each batch size gets: vLLM's lookup of
+    `num_speculative_tokens_per_batch_size` (draft_length on), or one K everywhere (`fixed`)."""
+
+    def __init__(self, models: dict[int, StepModel], schedule: Sequence[Sequence[int]]) -> None:
+        self.schedule = check_schedule(schedule)
+        ks = sorted({k for _, _, k in self.schedule})
+        missing = [k for k in ks if k not in models or models[k].num_drafts != k]
+        if missing:
+            raise ValueError(f"DraftSteps: no step model of K = {missing[0]} for the schedule {self.schedule}")
+        self.models = {k: models[k] for k in ks}
+        self.max_k = ks[-1]
+        self._dense = [0] + [k for lo, hi, k in self.schedule for _ in range(lo, hi + 1)]
+
+    @classmethod
+    def fixed(cls, model: StepModel) -> DraftSteps:
+        """One model's K at every batch size."""
+        return cls({model.num_drafts: model}, fixed_schedule(model.num_drafts, 1))
+
+    @property
+    def mech(self) -> Mechanisms:
+        return next(iter(self.models.values())).mech
+
+    def k(self, batch: int) -> int:
+        """The K a step of `batch` running requests verifies; past the schedule's last range, its K."""
+        return self._dense[batch] if batch < len(self._dense) else self._dense[-1]
+
+
+class DecodeSeconds:
+    """c(b, K), the seconds of a step verifying K drafts for each of b requests at `context` cached tokens each,
+    from `models` (one per K): what draft_length's chooser weighs, as a user would measure it on the node. A
+    fractional b lies on the line between the integers around it."""
+
+    def __init__(self, models: dict[int, StepModel], context: float) -> None:
+        self.models, self.context = models, context
+
+    def _at(self, batch: int, k: int) -> float:
+        model = self.models[k]
+        rows = model.batch_features([], batch, np.array([batch * self.context]), 1 + k)
+        return float(model.times(rows)[0])
+
+    def seconds(self, batch: float, k: int) -> float:
+        if k not in self.models:
+            raise ValueError(f"K = {k}: no step model (have {sorted(self.models)})")
+        lo = max(int(batch), 1)
+        low = self._at(lo, k)
+        return low if batch <= lo else low + (batch - lo) * (self._at(lo + 1, k) - low)

@@ -17,7 +17,7 @@ from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
 from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
-from ablations.backends.sim.step_model import StepModel
+from ablations.backends.sim.step_model import DraftSteps, StepModel
 from ablations.config import compose_app, sim_wired
 from ablations.workload.generate import generate
 from ablations.workload.presets import preset
@@ -124,6 +124,34 @@ def test_requests_that_outgrow_the_cache_are_preempted_and_recomputed(num_blocks
         assert a.first_token_s == pytest.approx(b.first_token_s, rel=1e-9)
     roomy, roomy_stats = replay(trace, num_blocks=400)
     assert roomy_stats.num_preemptions == 0 and max(r.finish_s for r in roomy) < max(r.finish_s for r in records)
+
+
+def schedule_replay(trace: Trace, schedule, concurrency: int | None, **kw):
+    models = {k: steps(k) for _, _, k in schedule}
+    alphas = (0.8,) * max(models)
+    return simulate(trace, DraftSteps(models, schedule), k3_geometry(num_spec_tokens=max(models)), 2400,
+                    LruFreeList(), resume=None, alphas=alphas, concurrency=concurrency, **kw)
+
+
+def test_a_draft_schedule_of_one_k_runs_as_that_fixed_k():
+    fixed = replay(agentx(2), concurrency=2)
+    assert schedule_replay(agentx(2), ((1, 4, 3), (5, 1024, 3)), 2) == fixed
+
+
+def test_each_step_verifies_the_k_of_its_running_requests():
+    # K = 4 while one request runs, 1 beside others (draft_length on's schedule, vLLM's lookup by batch size)
+    schedule = ((1, 1, 4), (2, 1024, 1))
+    apart = Trace(tuple(one_request(3000, 400, at_ms=60_000 * i, hash_base=100 * i) for i in range(4)), 512)
+    alone = schedule_replay(apart, schedule, None)
+    assert alone == replay(apart, num_drafts=4, alphas=(0.8,) * 4)       # never two running at once: K = 4
+    fast, stats = schedule_replay(agentx(3), schedule, 2)
+    slow, slow_stats = schedule_replay(agentx(3), schedule, 2, stretches=False)
+    assert stats.num_steps == slow_stats.num_steps and stats.drafts == slow_stats.drafts
+    for a, b in zip(fast, slow, strict=True):
+        assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9)
+    # each step accepts at most its K: between K = 4's share of drafts accepted (E(4) - 1 of 4) and K = 1's (0.8)
+    four = (expected_tokens((0.8,) * 4, 4) - 1) / 4
+    assert four + 0.02 < stats.accepted / stats.drafts < 0.8 - 0.02
 
 
 def test_accepted_drafts_follow_the_acceptance_model():
