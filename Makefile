@@ -2,7 +2,8 @@
 PY := .venv/bin/python
 
 .PHONY: run test test-heavy check lint env aiperf-env tiny tiny-serve
-# The main job: the default experiment (conf/experiment/main.yaml) on vLLM-CPU, then its attribution.
+# The main job: the default experiment (conf/experiment/main.yaml), full-size K3 on 8x MI355X in the serving
+# simulator, the factorial over its toggles on every core, then its attribution.
 run: env
 	$(PY) -m ablations -m experiment=main $(ARGS)
 

@@ -37,6 +37,7 @@ from ablations.cells import (
     finished,
     other_experiment,
     setting_hash,
+    sweep_progress,
     write_result,
 )
 from ablations.config import AppConfig, apply_cell, check_overrides, players_of, register_configs, to_app
@@ -210,6 +211,7 @@ def run_sweep_cell(cfg: DictConfig, out_dir: Path, result_name: str) -> None:
                                "repeat": cfg.ablation.repeat, "metric": cfg.ablation.metric},
                   "environment": environment()}
         write_result(out_dir / result_name, failed)
+    log.info("%s", sweep_progress(Path(HydraConfig.get().sweep.dir), total, result_name))
 
 
 def cli(argv: list[str] | None = None) -> None:

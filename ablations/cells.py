@@ -15,6 +15,7 @@ import platform
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -158,3 +159,20 @@ def finished(out_dir: Path, config_hash_: str) -> dict[str, Any] | None:
     if result.get("status") == "ok" and result.get("config_hash") == config_hash_:
         return result
     return None
+
+
+def sweep_progress(sweep_dir: Path, total: int, result_name: str = RESULT_FILE) -> str:
+    """One line: how many of the sweep's `total` cells have a result, and the time left at this run's pace (the
+    results written since the sweeper started it, `multirun.yaml`): cells run side by side count once."""
+    results = list(sweep_dir.glob(f"*/{result_name}"))
+    line = f"[{len(results)}/{total} cells done]"
+    start = sweep_dir / "multirun.yaml"
+    if not start.is_file():
+        return line
+    started = start.stat().st_mtime
+    fresh = sum(1 for p in results if p.stat().st_mtime >= started)
+    elapsed = time.time() - started
+    if fresh:
+        left = max(total - len(results), 0) * elapsed / fresh
+        line += f" {elapsed / 60:.1f} min in this run, about {left / 60:.1f} min left"
+    return line

@@ -270,8 +270,10 @@ def frontier(points: Sequence[SweepPoint]) -> list[SweepPoint]:
 
 def throughput_at_slo(points: Sequence[SweepPoint], target_interactivity: float = 50.0) -> SLOValue:
     """Throughput/GPU at `target_interactivity`, linearly interpolated between the two frontier points
-    that bracket it. No extrapolation: NaN with a reason when no point reaches the target or when every
-    point exceeds it."""
+    that bracket it. Where the sweep went below the target but only with dominated points (throughput falls past
+    the last frontier point: a cache cliff), the frontier is flat down to the target: its last point's
+    throughput. No extrapolation: NaN with a reason when no point reaches the target or when every point exceeds
+    it."""
     front = frontier(points)
     if not front:
         return SLOValue(math.nan, target_interactivity, "no finite sweep point")
@@ -281,6 +283,8 @@ def throughput_at_slo(points: Sequence[SweepPoint], target_interactivity: float 
             f"no point reaches {target_interactivity:g} tok/s/user (best {front[-1].interactivity:.3g})",
         )
     if front[0].interactivity > target_interactivity:
+        if any(p.interactivity < target_interactivity for p in points):
+            return SLOValue(front[0].throughput_per_gpu, target_interactivity)
         return SLOValue(
             math.nan, target_interactivity,
             f"not bracketed: every point exceeds {target_interactivity:g} tok/s/user "

@@ -62,9 +62,14 @@ CHANGES = {
         "one_at_a_time": {"ablation.design": "one_at_a_time"},
         "shapley_sampled": {"ablation.design": "shapley_sampled"},
         "repeat": {"ablation.repeats": 3},
-        "main": {"ablation.design": "factorial", "workload.name": "agentx_small", "workload.preset": "agentx_small",
-                 "workload.start": "zero", **VLLM_BACKEND, "backend.num_requests": 8,
-                 "opts.cache_retention.resume_from": "prompt_tail", "opts.cache_retention.resume_unit": 16},
+        "main": {"ablation.design": "factorial", "ablation.metric": "tput_per_gpu_at_slo", "model.name": "kimi_k3",
+                 **gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 537.5,
+                            0.65),
+                 **SIM_BACKEND, "backend.workers": 1, "backend.bracket_from": 4},
+        "main_vllm_cpu": {"ablation.design": "factorial", "workload.name": "agentx_small",
+                          "workload.preset": "agentx_small",
+                          "workload.start": "zero", **VLLM_BACKEND, "backend.num_requests": 8,
+                          "opts.cache_retention.resume_from": "prompt_tail", "opts.cache_retention.resume_unit": 16},
     },
     "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"}},
     "hardware": {
@@ -170,14 +175,14 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("backend=simulator", "backend: unknown option 'simulator'; valid options: sim, vllm"),
         ("backend.max_tokens=4", "backend.max_tokens: no backend is selected (the default is null); valid: add "
                                  "backend=sim or backend=vllm"),
-        ("backend=sim backend.max_tokens=4", "backend: unknown field(s) max_tokens; valid fields: cache_gb, "
-                                             "concurrency, kv_dtype"),
+        ("backend=sim backend.max_tokens=4", "backend: unknown field(s) max_tokens; valid fields: bracket_from, "
+                                             "cache_gb, concurrency, kv_dtype"),
         ("paths.root=x", "paths: unknown field(s) root; valid fields: model_cache, output_root"),
         ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, "
                           "mooncake_conversation, mooncake_synthetic"),
         ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
         ("experiment=big", "experiment: unknown option 'big'; valid options: _sweep, cpu_small, factorial, main, "
-                           "one_at_a_time, repeat, shapley_sampled"),
+                           "main_vllm_cpu, one_at_a_time, repeat, shapley_sampled"),
         ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: k3_tiny"),
         ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, generator, "
                                "max_live_sessions, name, num_sessions, path, preset, schedule, seed, start, "

@@ -62,6 +62,20 @@ def test_players_and_repeats_come_from_the_config():
     assert "+".join(OPTIMIZATIONS) in wider.hydra.sweeper.params["ablation.cell"].split(",")
 
 
+def test_the_main_job_is_the_simulator_factorial_on_every_core():
+    cfg = composed(["experiment=main"])
+    cells = cfg.hydra.sweeper.params["ablation.cell"].split(",")
+    assert len(cells) == 2 ** len(OPTIMIZATIONS) and "+".join(OPTIMIZATIONS) in cells
+    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == -1
+    assert cfg.hydra.sweep.dir.endswith("sweeps/factorial/agentx/mi355x_x8")
+    app = to_app(apply_cell(composed(["experiment=main", "ablation.cell=all_off"], hydra=False)))
+    assert (app.backend.name, app.model.name, app.ablation.metric) == ("sim", "kimi_k3", "tput_per_gpu_at_slo")
+    assert app.backend.bracket_from == 4 and app.backend.workers == 1      # the bracket only; the cells take the cores
+    b300 = composed(["experiment=main", "hardware=b300_x8"])
+    assert b300.hydra.sweep.dir.endswith("sweeps/factorial/agentx/b300_x8")
+    assert len(b300.hydra.sweeper.params["ablation.cell"].split(",")) == 2 ** (len(OPTIMIZATIONS) - 1)
+
+
 def test_a_cell_sets_exactly_its_players_modes():
     cfg = composed(["experiment=factorial", f"ablation.toggles=[{','.join(TWO)}]", "ablation.cell=fusion",
                     "opts/kda_overlap=on", "+ablation.on.fusion=on", "+ablation.off.aiter_mla=on"], hydra=False)
@@ -100,6 +114,7 @@ def test_a_one_at_a_time_multirun_writes_one_result_per_cell_and_the_attribution
     out = json.loads((tmp_path / "attribution.json").read_text())
     assert {"metric", "all_on", "all_off", "shapley", "interactions"} <= set(out)
     assert out["shapley"] == {"aiter_mla": 0.0, "fusion": 0.0}, "the workload does not depend on the toggles"
+    assert "[4/4 cells done]" in done.stdout + done.stderr
 
 
 @pytest.mark.spawns

@@ -141,6 +141,14 @@ def test_slo_every_point_exceeds_target():
     assert v.is_missing and "every point exceeds 5" in v.reason
 
 
+def test_slo_past_a_cliff_is_the_last_frontier_point():
+    # the sweep went below 90 tok/s/user only by losing throughput: the 80 point meets the target with more
+    cliff = [*SWEEP[:3], SweepPoint(interactivity=60.0, throughput_per_gpu=700.0, concurrency=8)]
+    v = throughput_at_slo(cliff, 75.0)
+    assert not v.is_missing and v.value == 1000.0
+    assert throughput_at_slo(SWEEP[:2], 75.0).is_missing      # no point below 75: the sweep stopped short
+
+
 def test_slo_empty_sweep():
     assert throughput_at_slo([], 50.0).is_missing
 

@@ -180,29 +180,45 @@ def _points(setup: SimSetup, trace: Trace, keys: list[list], concurrencies: list
         _SHARED.clear()
 
 
+def _bracket(setup: SimSetup, trace: Trace, keys: list[list], backend: SimBackendConfig) -> Iterator[dict[str, Any]]:
+    """The points that bracket the target interactivity, from `backend.bracket_from` up while above it or down
+    while below, one at a time."""
+    order = sorted(backend.concurrency)
+    i = order.index(backend.bracket_from)
+    point = run_point(setup, trace, order[i], backend.seed, keys)
+    yield point
+    up = point["interactivity"] >= backend.target_interactivity
+    while 0 <= (i := i + (1 if up else -1)) < len(order):
+        point = run_point(setup, trace, order[i], backend.seed, keys)
+        yield point
+        if (point["interactivity"] >= backend.target_interactivity) != up:
+            return
+
+
 def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
-                 toggles: dict[str, ToggleConfig], trace: Trace, *, until_below_target: bool = False) -> dict[str, Any]:
-    """The cell: every concurrency of `backend.concurrency`, the frontier, the throughput per GPU at
-    `backend.target_interactivity` (absent from the metrics, with the reason in `slo`, when not bracketed) and
-    tokens per dollar there. `until_below_target`: stop after the first point below the target (the bracket,
-    when interactivity falls with concurrency; what the report's sensitivity runs need; one point at a time)."""
+                 toggles: dict[str, ToggleConfig], trace: Trace) -> dict[str, Any]:
+    """The cell: every concurrency of `backend.concurrency` (only the target's bracket with
+    `backend.bracket_from`), the frontier, the throughput per GPU at `backend.target_interactivity` (absent from
+    the metrics, with the reason in `slo`, when not bracketed) and tokens per dollar there."""
     setup = sim_setup(backend, model_name, hardware, toggles, trace)
     log.info("sim: %s on %s (tp %d, moe %s), %.1f GB of cache per rank (%d blocks of %d tokens), %d drafts; %d "
              "requests; concurrencies %s", model_name, hardware.name, setup.parallel.tp, setup.parallel.moe,
              setup.cache_gb, setup.num_blocks, setup.geometry.block_size, setup.steps.max_k, len(trace.requests),
              backend.concurrency)
-    points = []
     keys = trace_keys(trace, setup.geometry.block_size)
-    workers = 1 if until_below_target else min(backend.workers or os.cpu_count() or 1, len(backend.concurrency))
-    for k, point in enumerate(_points(setup, trace, keys, backend.concurrency, backend.seed, workers), 1):
-        concurrency = point["concurrency"]
+    if backend.bracket_from:
+        found = _bracket(setup, trace, keys, backend)
+    else:
+        workers = min(backend.workers or os.cpu_count() or 1, len(backend.concurrency))
+        found = _points(setup, trace, keys, backend.concurrency, backend.seed, workers)
+    points = []
+    for k, point in enumerate(found, 1):
         points.append(point)
         log.info("sim: [point %d/%d] concurrency %d: %.1f tokens/s/GPU at P90 %.2f tokens/s/user, TTFT p50 %.2f s, "
-                 "hit rate %.3f (%.1f s simulated in %.1f s)", k, len(backend.concurrency), concurrency,
+                 "hit rate %.3f (%.1f s simulated in %.1f s)", k, len(backend.concurrency), point["concurrency"],
                  point["throughput_per_gpu"], point["interactivity"], point["metrics"]["ttft_p50_s"],
                  point["metrics"]["prefix_hit_rate"], point["simulated_s"], point["wall_s"])
-        if until_below_target and point["interactivity"] < backend.target_interactivity:
-            break
+    points.sort(key=lambda p: p["concurrency"])
     sweep = [SweepPoint(p["interactivity"], p["throughput_per_gpu"], p["concurrency"]) for p in points]
     slo = throughput_at_slo(sweep, backend.target_interactivity)
     metrics = dict(points[-1]["metrics"])

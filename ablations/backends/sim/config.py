@@ -19,7 +19,10 @@ class SimBackendConfig:
     dense where K3 on agentx crosses 50 tok/s/user on an 8-GPU node, between 3 and 5) and the
     `target_interactivity` (tok/s/user) the headline reads the frontier at; `cache_gb` (0: what the node has left
     after weights and a 10% reserve) sets the prefix cache per rank; `seed` draws the accepted drafts; `workers`
-    processes run the sweep's points (0: one per core; 1: this process)."""
+    processes run the sweep's points (0: one per core; 1: this process); `bracket_from` (0: every concurrency) runs
+    only the points that bracket the target, searching from that concurrency of the list: up while interactivity
+    is above the target, down while below (interactivity falls with concurrency; all an attribution of the
+    headline needs; the points then run one at a time)."""
 
     name: str = "sim"
     tp: int = 0
@@ -32,6 +35,7 @@ class SimBackendConfig:
     cache_gb: float = 0.0
     seed: int = 0
     workers: int = 0
+    bracket_from: int = 0
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ValueError:
@@ -51,6 +55,8 @@ class SimBackendConfig:
                                        for c in self.concurrency) or len(set(self.concurrency)) != len(
                                            self.concurrency):
             raise bad("concurrency", "a non-empty list of distinct integers >= 1 (live sessions)")
+        if isinstance(self.bracket_from, bool) or not (self.bracket_from == 0 or self.bracket_from in self.concurrency):
+            raise bad("bracket_from", f"0 (every point) or one of backend.concurrency {self.concurrency}")
         for name in ("target_interactivity", "cache_gb"):
             value = getattr(self, name)
             low_ok = value > 0 if name == "target_interactivity" else value >= 0

@@ -66,9 +66,10 @@ def run_cell(hardware: str, opts: str, value: str | None = None, factor: float =
     app = compose(hardware, opts, overrides)
     hw = app.hardware if value is None else scaled(app.hardware, value, factor)
     trace = _trace(json.dumps(dataclasses.asdict(app.workload), sort_keys=True))
-    backend = dataclasses.replace(app.backend, workers=1)      # the report runs its cells side by side
-    cell = run_sim_cell(backend, app.model.name, hw, app.toggles(), trace,
-                        until_below_target=value is not None)
+    # the report runs its cells side by side; the sensitivity's only search the bracket
+    backend = dataclasses.replace(app.backend, workers=1,
+                                  bracket_from=app.backend.concurrency[0] if value is not None else 0)
+    cell = run_sim_cell(backend, app.model.name, hw, app.toggles(), trace)
     slo = cell["slo"]["tput_per_gpu"]
     return {"hardware": hardware, "opts": opts, "value": value, "factor": factor,
             "toggles": {name: config.mode for name, config in app.toggles().items()},

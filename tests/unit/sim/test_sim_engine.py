@@ -192,6 +192,24 @@ def test_cache_retention_on_raises_the_hit_rate_and_lowers_ttft_under_capacity_p
     assert on["ttft_p50_s"] < 0.8 * off["ttft_p50_s"]
 
 
+def test_a_bracket_search_runs_only_the_points_around_the_target_and_reads_the_same_headline():
+    every = SimBackendConfig(concurrency=[1, 2, 4, 8], workers=1)
+    full = run_sim_cell(every, "kimi_k3", hardware(), toggles(), agentx(8))
+    inter = {p["concurrency"]: p["interactivity"] for p in full["points"]}
+    assert inter[1] > inter[2] > inter[4] > inter[8]
+    target = (inter[2] + inter[4]) / 2
+    want = run_sim_cell(dataclasses.replace(every, target_interactivity=target), "kimi_k3", hardware(), toggles(),
+                        agentx(8))["slo"]["tput_per_gpu"]
+    for start, ran in ((4, [2, 4]), (1, [1, 2, 4]), (8, [2, 4, 8])):
+        backend = dataclasses.replace(every, target_interactivity=target, bracket_from=start)
+        cell = run_sim_cell(backend, "kimi_k3", hardware(), toggles(), agentx(8))
+        assert [p["concurrency"] for p in cell["points"]] == ran
+        assert all(p == next(q for q in full["points"] if q["concurrency"] == p["concurrency"]) for p in cell["points"])
+        assert cell["slo"]["tput_per_gpu"] == want
+    with pytest.raises(ValueError, match=r"backend\.bracket_from: invalid value 3; valid: 0 \(every point\) or one of"):
+        SimBackendConfig(concurrency=[1, 2, 4], bracket_from=3)
+
+
 def test_a_sim_run_writes_the_result_of_a_cell(tmp_path):
     app = compose_app(["backend=sim", "model=kimi_k3", "hardware=mi355x_x8", "backend.concurrency=[1,2,4]",
                        "workload.num_sessions=3", "backend.workers=1"])
