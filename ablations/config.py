@@ -233,6 +233,8 @@ def _values(override: Override) -> list[str]:
     if override.is_sweep_override():
         return list(override.sweep_string_iterator())
     value = override.value()
+    if isinstance(value, list):         # several options of one group: experiment=[main,slurm]
+        return [str(v) for v in value]
     return [] if value is None else [str(value)]
 
 
@@ -259,6 +261,21 @@ def _check_field(key: str) -> None:
         node = typing.get_type_hints(node)[name]
 
 
+def _experiment_backends(name: str) -> list[str]:
+    """The backends experiment `name` selects (`override /backend: X` in its defaults, or in the experiments it
+    includes)."""
+    path = CONF_DIR / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        return []
+    out = []
+    for entry in OmegaConf.load(path).get("defaults") or []:
+        if isinstance(entry, str):
+            out += _experiment_backends(entry)
+        elif isinstance(entry, DictConfig) and "override /backend" in entry:
+            out.append(str(entry["override /backend"]))
+    return out
+
+
 def check_overrides(overrides: Sequence[str]) -> None:
     """Raise ValueError, naming the valid choices, for an override whose group, option or field is unknown.
     `hydra...` keys and unparsable overrides are left to Hydra."""
@@ -267,18 +284,20 @@ def check_overrides(overrides: Sequence[str]) -> None:
     except Exception:
         return
     chosen = {o.key_or_group: o for o in parsed if o.key_or_group in GROUPS}
+    experiments = _values(chosen["experiment"]) if "experiment" in chosen else []
+    backends = (_values(chosen["backend"]) if "backend" in chosen
+                else [b for name in experiments for b in _experiment_backends(name)])
     for override in parsed:
         key = override.key_or_group
-        if key.startswith("backend.") and "backend" not in chosen:
+        if key.startswith("backend.") and not backends:
             raise ValueError(f"{key}: no backend is selected (the default is null); valid: add "
                              f"backend={' or backend='.join(group_options('backend'))}")
         if key.split(".")[0].split("/")[0] == "hydra" or override.package is not None or override.is_delete():
             continue
         if "/" in key and key not in GROUPS:
             raise ValueError(f"{key}: unknown group; groups: {', '.join(GROUPS)}")
-        if key.startswith("backend.") and "backend" in chosen:
-            values = _values(chosen["backend"])
-            for value in values if all(v in BACKEND_SCHEMAS for v in values) else ():
+        if key.startswith("backend."):
+            for value in backends if all(v in BACKEND_SCHEMAS for v in backends) else ():
                 check_known_fields(BACKEND_SCHEMAS[value], [key.split(".")[1]], "backend")
             continue
         if key in GROUPS:

@@ -58,6 +58,7 @@ CHANGES = {
     "experiment": {
         "cpu_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small", "tags": ["cpu_small"]},
         "_sweep": {},     # only hydra.* (the multirun over the cells, the attribution callback)
+        "slurm": {},      # only hydra.launcher
         "factorial": {"ablation.design": "factorial"},
         "one_at_a_time": {"ablation.design": "one_at_a_time"},
         "shapley_sampled": {"ablation.design": "shapley_sampled"},
@@ -182,7 +183,7 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
                           "mooncake_conversation, mooncake_synthetic"),
         ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
         ("experiment=big", "experiment: unknown option 'big'; valid options: _sweep, cpu_small, factorial, main, "
-                           "main_vllm_cpu, one_at_a_time, repeat, shapley_sampled"),
+                           "main_vllm_cpu, one_at_a_time, repeat, shapley_sampled, slurm"),
         ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: k3_tiny"),
         ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, generator, "
                                "max_live_sessions, name, num_sessions, path, preset, schedule, seed, start, "
@@ -198,7 +199,13 @@ def test_unknown_groups_options_and_fields_name_the_valid_ones(override, message
 
 def test_known_names_and_hydra_keys_pass_the_check():
     check_overrides(["workload=agentx_small,mooncake_synthetic", "+workload.generator.output={median: 8}",
-                     "experiment=null", "~experiment", "hydra.run.dir=x", "hydra/launcher=joblib", "tags=[a]"])
+                     "experiment=null", "~experiment", "hydra.run.dir=x", "hydra/launcher=joblib", "tags=[a]",
+                     "experiment=[main,slurm]"])
+    with pytest.raises(ValueError, match=r"^experiment: unknown option 'slurmm'; valid options: _sweep, "):
+        check_overrides(["experiment=[main,slurmm]"])
+    check_overrides(["experiment=main", "backend.seed=1"])           # the experiment selects backend=sim
+    with pytest.raises(ValueError, match=r"^backend: unknown field\(s\) sed; valid fields: bracket_from, "):
+        check_overrides(["experiment=[main,slurm]", "backend.sed=1"])
 
 
 def test_a_backend_run_is_checked_when_composed():

@@ -118,6 +118,20 @@ def test_a_one_at_a_time_multirun_writes_one_result_per_cell_and_the_attribution
 
 
 @pytest.mark.spawns
+def test_the_cluster_example_runs_each_cell_as_a_submitit_job(tmp_path):
+    # conf/experiment/slurm.yaml with submitit's local executor: the jobs Slurm would run, on this machine
+    args = [sys.executable, "-m", "ablations", "-m", "experiment=[main,slurm]", "hydra/launcher=submitit_local",
+            "ablation.toggles=[fusion]", "workload.num_sessions=2", "backend.concurrency=[1,2]",
+            "backend.bracket_from=0", "ablation.metric=total_throughput", f"hydra.sweep.dir={tmp_path}"]
+    done = procs.run(args, timeout_s=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")}
+    assert sorted(cells) == ["all_off.r0", "fusion.r0"] and all(c["status"] == "ok" for c in cells.values())
+    assert len(list((tmp_path / ".submitit").glob("*/*_submitted.pkl"))) == 2
+    assert set(json.loads((tmp_path / "attribution.json").read_text())["shapley"]) == {"fusion"}
+
+
+@pytest.mark.spawns
 def test_an_interrupted_multirun_resumes_without_redoing_finished_cells(tmp_path):
     args = multirun_args(tmp_path, "factorial", ["aiter_mla", "fusion", "kda_overlap"], workload="agentx")
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
