@@ -18,7 +18,8 @@ class SimSetting:
 
     `kernel_classes`: {cost name: kernel class} for a cost that runs as another kernel class, at that class's
     efficiency in the hardware profile (aiter_mla on: the MLA decode as "attention_vendor"). `packed_kda`: in a
-    step that also prefills, the KDA verification rows run inside the prefill's chunked pass (kda_overlap on).
+    step that also prefills, the KDA verification rows run inside the prefill's chunked pass (kda_overlap on);
+    `kda_streams`: the recurrent and chunked KDA passes run at once on two streams (kda_overlap streams).
     `sharded_latent_up`: each rank up-projects the latent MoE's output into only its 1/tp of the hidden size and
     holds only those weights (moe_dedup on).
     `fused`: stages that run as one fused kernel each (fusion on: "kda_decode", "mla_norm"), their kernels and
@@ -32,6 +33,7 @@ class SimSetting:
 
     kernel_classes: dict[str, str] = field(default_factory=dict)
     packed_kda: bool = False
+    kda_streams: bool = False
     sharded_latent_up: bool = False
     fused: tuple[str, ...] = ()
     free_list: Callable[[], Any] | None = None

@@ -1,7 +1,8 @@
 """kda_overlap in the simulator: on, a step that prefills and verifies runs its KDA verification rows inside the
 prefill's chunked pass (one pass: the chunked kernel's FLOPs for those rows and one set of launches) instead of a
-recurrent pass and then a chunked one (off). Without speculation there are no verification rows: nothing
-changes. The two-stream variant is not modelled yet."""
+recurrent pass and then a chunked one (off); streams, the two passes at once on two GPU streams (one pass's time
+over both passes' FLOPs and bytes: a compute-bound chunked pass hides a memory-bound recurrent one). Without
+speculation there are no verification rows: nothing changes."""
 
 from __future__ import annotations
 
@@ -17,4 +18,6 @@ def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
         return SimSetting()
     if config.mode == "on":
         return SimSetting(packed_kda=True)
-    raise not_modelled("kda_overlap", config.mode, ("off", "on"))
+    if config.mode == "streams" and platform != "cpu":
+        return SimSetting(kda_streams=True)
+    raise not_modelled("kda_overlap", config.mode, ("off", "on"), why="a GPU mode: a CPU has no streams")

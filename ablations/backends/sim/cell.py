@@ -115,6 +115,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
     fused = {stage for s in applied.values() for stage in s.fused}
     mech = Mechanisms(packed_kda=any(s.packed_kda for s in applied.values()),
+                      kda_streams=any(s.kda_streams for s in applied.values()),
                       sharded_latent_up=any(s.sharded_latent_up for s in applied.values()),
                       fused_mla_norm="mla_norm" in fused)
     left = cache_capacity_gb(model, parallel, hardware, mech=mech)

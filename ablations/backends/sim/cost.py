@@ -76,12 +76,16 @@ class Mechanisms:
     rows in its prefill's chunked KDA pass (kda_overlap on, `packed`); `sharded_latent_up`, each rank up-projecting
     only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on);
     `fused_kda_decode` and `fused_mla_norm`, those stages as one kernel each (fusion on; the KDA decode only in a
-    step that prefills nothing, and never with speculation configured: the caller's rule)."""
+    step that prefills nothing, and never with speculation configured: the caller's rule); `kda_streams`, a
+    step's recurrent (verification) and chunked (prefill) KDA passes at once on two streams, one pass of both
+    costs ("kda_streams", sharing the node's compute and bandwidth) instead of two one after the other
+    (kda_overlap streams)."""
 
     packed_kda: bool = False
     sharded_latent_up: bool = False
     fused_kda_decode: bool = False
     fused_mla_norm: bool = False
+    kda_streams: bool = False
 
 
 STOCK = Mechanisms()      # every toggle's mechanism off
@@ -329,7 +333,10 @@ def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STO
         for name, cost in costs.items():
             out.setdefault(name, Cost()).add(cost, times)
 
-    add(kda_layer(m, p, packed(seqs) if mech.packed_kda else seqs, mech), s.num_kda_layers)
+    kda = kda_layer(m, p, packed(seqs) if mech.packed_kda else seqs, mech)
+    if mech.kda_streams:
+        kda["kda_streams"] = Cost.total((kda.pop("kda_prefill"), kda.pop("kda_recurrent")))
+    add(kda, s.num_kda_layers)
     add(mla_layer(m, p, seqs, mech), s.num_mla_layers)
     add(moe_layer(m, p, seqs, mech), m.num_moe_layers)
     add(dense_layer(m, p, seqs), m.num_dense_layers)

@@ -28,10 +28,9 @@ from ablations.backends.sim.cost import (
     step_costs,
 )
 from ablations.backends.sim.timing import allreduce_s, efficiency, kernel_class, step_time
-from ablations.hardware import KERNEL_CLASSES, OPTIONAL_KERNEL_CLASSES, HardwareConfig
+from ablations.hardware import HardwareConfig
 from opts.draft_length.schedule import check_schedule, fixed_schedule
 
-CLASSES = KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES
 # The features of a list of Seqs: whether there are any, the expected experts touched, then per kind (prefill; decode
 # and verify; decode or verification in a step that also prefills: kda_overlap packs those verifications, and the
 # fused KDA decode runs only without them) its presence, count, and sums of q, c, q·c, q².
@@ -75,25 +74,25 @@ def draft_seqs(seqs: Sequence[Seq]) -> list[Seq]:
 def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int,
                 mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """The reference: the target pass over `seqs` and, with `num_drafts` K > 0, the MTP's first pass over the same
-    tokens and K - 1 more over one token per decoding request (`draft_seqs`), with the toggles' `mech`anisms."""
+    tokens and K - 1 more over one token per decoding request (`draft_seqs`; their costs named "later_<name>"),
+    with the toggles' `mech`anisms. Each name is a pass of its own (`timing.step_time`)."""
     seqs = list(seqs)
     out = step_costs(m, p, seqs, mech)
     if num_drafts and seqs:
-        for name, cost in mtp_costs(m, p, seqs, mech).items():
-            out.setdefault(name, Cost()).add(cost)
+        out.update(mtp_costs(m, p, seqs, mech))
         drafts = draft_seqs(seqs)
         if drafts and num_drafts > 1:
             for name, cost in mtp_costs(m, p, drafts, mech).items():
-                out.setdefault(name, Cost()).add(cost, num_drafts - 1)
+                out[f"later_{name}"] = Cost.total([])
+                out[f"later_{name}"].add(cost, num_drafts - 1)
     return out
 
 
-def _by_class(costs: dict[str, Cost], classes: dict[str, str] | None = None) -> np.ndarray:
-    """[kernel class, field] totals of a step's costs (`classes`: reassigned cost names)."""
-    out = np.zeros((len(CLASSES), len(FIELDS)))
+def _by_pass(costs: dict[str, Cost], names: Sequence[str]) -> np.ndarray:
+    """[pass, field] totals of a step's costs, one row per cost name in `names` (each name a pass of its own)."""
+    out = np.zeros((len(names), len(FIELDS)))
     for name, cost in costs.items():
-        row = CLASSES.index(kernel_class(name, classes))
-        out[row] += (cost.flops, cost.bytes, cost.kernels, cost.comm_bytes, cost.collectives)
+        out[names.index(name)] = (cost.flops, cost.bytes, cost.kernels, cost.comm_bytes, cost.collectives)
     return out
 
 
@@ -116,27 +115,29 @@ def probe_steps(seed: int, count: int, kind: str = "verify") -> list[list[Seq]]:
     return steps
 
 
-def fit(fn, m: SimModel, seed: int = 0, classes: dict[str, str] | None = None, kind: str = "verify") -> np.ndarray:
-    """Coefficients [feature, class, field] with features(seqs) · coefficients == _by_class(fn(seqs)), fitted on
-    probe steps whose decode rows are of `kind` and checked on others; a cost not linear in the features is a
-    ValueError naming it."""
+def fit(fn, m: SimModel, seed: int = 0, kind: str = "verify") -> tuple[list[str], np.ndarray]:
+    """The passes (cost names) of `fn`'s steps and coefficients [feature, pass, field] with features(seqs) ·
+    coefficients == _by_pass(fn(seqs)), fitted on probe steps whose decode rows are of `kind` and checked on
+    others; a cost not linear in the features is a ValueError naming it."""
     train, check = probe_steps(seed, 4 * NUM_FEATURES, kind), probe_steps(seed + 1, NUM_FEATURES, kind)
+    train_costs = [fn(s) for s in train]
+    names = sorted({name for costs in train_costs for name in costs})
     x = np.stack([features(m, s) for s in train])
-    y = np.stack([_by_class(fn(s), classes).ravel() for s in train])
+    y = np.stack([_by_pass(c, names).ravel() for c in train_costs])
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     coef, *_ = np.linalg.lstsq(x / scale, y, rcond=None)
     column = np.maximum(np.abs(y).max(axis=0), 1.0)
     coef = coef / scale[:, None]
     for seqs in check:
-        want = _by_class(fn(seqs), classes).ravel()
+        want = _by_pass(fn(seqs), names).ravel()
         got = features(m, seqs) @ coef
         bad = np.abs(got - want) > FIT_RTOL * np.abs(want) + 1e-9 * column     # zeros: the column's roundoff
         if bad.any():
             k = int(np.argmax(bad))
-            raise ValueError(f"step model: {CLASSES[k // len(FIELDS)]}.{FIELDS[k % len(FIELDS)]} is not linear "
+            raise ValueError(f"step model: {names[k // len(FIELDS)]}.{FIELDS[k % len(FIELDS)]} is not linear "
                              f"in the step features ({got[k]:.6g} fitted, {want[k]:.6g} exact)")
-    return coef.reshape(NUM_FEATURES, len(CLASSES), len(FIELDS))
+    return names, coef.reshape(NUM_FEATURES, len(names), len(FIELDS))
 
 
 class StepModel:
@@ -151,18 +152,22 @@ class StepModel:
         step_time({}, hw, p)                                # the node must be modelled
         self.model, self.parallel, self.hw, self.num_drafts = m, p, hw, num_drafts
         self.classes, self.mech = dict(classes or {}), mech
-        target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), mech), m, classes=self.classes,
-                     kind="verify" if num_drafts else "decode")
-        drafts = (fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, classes=self.classes, kind="decode")
-                  if num_drafts > 1 else None)
-        used = {CLASSES[i] for i in np.nonzero(np.abs(target).sum(axis=(0, 2)))[0]}
-        eff = np.array([efficiency(hw, k) if k in used or k in KERNEL_CLASSES else 1.0 for k in CLASSES])
+        names, target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), mech), m,
+                            kind="verify" if num_drafts else "decode")
+        later = max(num_drafts - 1, 0)
+        if later:           # the later MTP passes, passes of their own ("later_<name>", as exact_costs names them)
+            draft_names, drafts = fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, kind="decode")
+            names = names + [f"later_{n}" for n in draft_names]
+            zeros = np.zeros((NUM_FEATURES, len(draft_names), len(FIELDS)))
+            target = np.concatenate((target, zeros), axis=1)
+            drafts = np.concatenate((np.zeros_like(target[:, :-len(draft_names)]), later * drafts), axis=1)
+        self.names = names
+        eff = np.array([efficiency(hw, kernel_class(n, self.classes)) for n in names])
         peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
         hop = allreduce_s(0.0, 1, p.tp, hw)                 # an all-reduce's latency; its seconds per byte:
         link = allreduce_s(1.0, 1, p.tp, hw) - hop
         # One matrix over [step features, MTP pass features]: the K - 1 later passes weigh K - 1 (or 0) each.
-        later = max(num_drafts - 1, 0)
-        both = np.concatenate((target, later * (drafts if later else target)))     # [2 · features, class, field]
+        both = np.concatenate((target, drafts if later else 0 * target))     # [2 · features, pass, field]
         self._flops_s = both[:, :, 0] / (peak * eff)
         self._bytes_s = both[:, :, 1] / (bandwidth * eff)
         self._fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from ablations.backends.sim.cost import STOCK, Cost, Mechanisms, Parallel, SimModel, kernel_time, weights_per_rank
 from ablations.hardware import KERNEL_CLASSES, MODEL_FIGURES, HardwareConfig
 
-# Which kernel class each of cost.py's Cost names runs as (an MTP pass's "mtp_<name>" as <name>).
+# Which kernel class each of cost.py's Cost names runs as (an MTP pass's "mtp_<name>" as <name>, the later MTP
+# passes' "later_mtp_<name>" too).
 KERNEL_CLASS = {
     "kda_proj": "gemm", "mla_proj": "gemm", "moe_router": "gemm", "moe_shared": "gemm", "moe_latent": "gemm",
     "dense_ffn": "gemm", "lm_head": "gemm", "proj": "gemm", "moe_experts": "moe", "mla_prefill": "attention",
     "mla_decode": "attention", "kda_prefill": "recurrent", "kda_recurrent": "recurrent", "attn_res": "elementwise",
-    "embed": "elementwise", "mla_norm": "elementwise",
+    "embed": "elementwise", "mla_norm": "elementwise", "kda_streams": "recurrent",
 }
 
 
@@ -21,7 +22,7 @@ def kernel_class(name: str, classes: dict[str, str] | None = None) -> str:
     """The kernel class of a Cost name (`classes`: a toggle's reassignments, `SimSetting.kernel_classes`)."""
     if classes and name in classes:
         return classes[name]
-    base = name.removeprefix("mtp_")
+    base = name.removeprefix("later_").removeprefix("mtp_")
     if base not in KERNEL_CLASS:
         raise ValueError(f"cost {name!r}: no kernel class; known: {', '.join(sorted(KERNEL_CLASS))}")
     return KERNEL_CLASS[base]
@@ -67,16 +68,17 @@ def efficiency(hw: HardwareConfig, kernel: str) -> float:
 
 def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
               classes: dict[str, str] | None = None) -> StepTime:
-    """The step's time: max(FLOPs / (peak·eff), bytes / (bandwidth·eff)) per kernel class (BF16 peak: the
-    experts run W4A16), launches × launch cost, the all-reduces, the host's overhead."""
+    """The step's time: each cost name a pass of its own, one after the other on one stream, at max(FLOPs /
+    (peak·eff), bytes / (bandwidth·eff)) with its kernel class's efficiency (BF16 peak: the experts run W4A16);
+    launches × launch cost, the all-reduces, the host's overhead."""
     _modelled(hw)
     peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
-    by_class: dict[str, Cost] = {}
-    for name, cost in costs.items():
-        by_class.setdefault(kernel_class(name, classes), Cost()).add(cost)
     comm = Cost.total(costs.values())
-    kernels = sum(kernel_time(c, peak, bandwidth, efficiency(hw, k), efficiency(hw, k)) for k, c in by_class.items())
-    launches = sum(c.kernels for c in by_class.values()) * hw.launch_us * 1e-6
+    kernels = 0.0
+    for name, cost in costs.items():
+        e = efficiency(hw, kernel_class(name, classes))
+        kernels += kernel_time(cost, peak, bandwidth, e, e)
+    launches = comm.kernels * hw.launch_us * 1e-6
     return StepTime(kernels, launches, allreduce_s(comm.comm_bytes, comm.collectives, parallel.tp, hw),
                     hw.host_overhead_us * 1e-6 if costs else 0.0)
 

@@ -9,8 +9,10 @@ import pytest
 
 from ablations.backends.sim.cell import run_point, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
-from ablations.backends.sim.cost import Seq
-from ablations.backends.sim.step_model import DecodeSeconds
+from ablations.backends.sim.cost import Cost, Mechanisms, Parallel, Seq, SimModel
+from ablations.backends.sim.report import scaled
+from ablations.backends.sim.step_model import DecodeSeconds, StepModel, exact_costs
+from ablations.backends.sim.timing import step_time
 from ablations.config import compose_app
 from ablations.workload import load_workload
 from opts.draft_length.chooser import goodput
@@ -67,6 +69,26 @@ def test_kda_overlap_on_shortens_the_steps_that_prefill_and_verify():
     assert point()["engine"]["num_mixed_steps"] > 1000
 
 
+def test_kda_overlap_streams_runs_the_two_passes_of_a_mixed_step_at_once():
+    """On two streams a step's recurrent (verification) and chunked (prefill) KDA passes share the node: one pass's
+    time over both passes' FLOPs and bytes instead of the two one after the other. At K3's shapes both are
+    bandwidth-bound on MI355X, so the model sees no gain there (it has no notion of occupancy); where the chunked
+    pass is compute-bound (a node with 1/50 of MI355X's FLOPs) the recurrent pass hides behind it."""
+    assert setup(kda_overlap="streams").steps.mech.kda_streams
+    hw, _ = default_case()
+    m, p = SimModel(), Parallel()
+    costs = exact_costs(m, p, MIXED_STEP, 3)
+    for node, gains in ((hw, False), (scaled(hw, "peak_bf16_tflops", 0.02), True)):
+        off, streams = (StepModel(m, p, node, 3, mech=Mechanisms(kda_streams=s)) for s in (False, True))
+        rec, chunk = (step_time({n: costs[n]}, node, p).kernels_s for n in ("kda_recurrent", "kda_prefill"))
+        both = step_time({"kda_streams": Cost.total((costs["kda_recurrent"], costs["kda_prefill"]))}, node,
+                         p).kernels_s
+        saved = off.time(MIXED_STEP) - streams.time(MIXED_STEP)
+        assert saved == pytest.approx(rec + chunk - both, rel=1e-6, abs=1e-12)
+        assert (saved > 0.1 * min(rec, chunk)) == gains
+        assert streams.time(VERIFY_STEP) == pytest.approx(off.time(VERIFY_STEP), rel=1e-12)
+
+
 def close(a, b, rel: float = 1e-9) -> bool:
     """Equal JSON trees, numbers within `rel` (two fits of one linear cost differ in their last bits)."""
     if isinstance(a, dict):
@@ -83,6 +105,7 @@ def test_kda_overlap_changes_nothing_without_speculation():
     off, on = point(draft_length="k0"), point(draft_length="k0", kda_overlap="on")
     assert off["engine"]["drafts"] == 0
     assert close(on, off)
+    assert close(point(draft_length="k0", kda_overlap="streams"), off)
     assert not close(point(kda_overlap="on"), point())
 
 
