@@ -283,7 +283,7 @@ def throughput_at_slo(points: Sequence[SweepPoint], target_interactivity: float 
             f"no point reaches {target_interactivity:g} tok/s/user (best {front[-1].interactivity:.3g})",
         )
     if front[0].interactivity > target_interactivity:
-        if any(p.interactivity < target_interactivity for p in points):
+        if any(p.interactivity < target_interactivity and math.isfinite(p.throughput_per_gpu) for p in points):
             return SLOValue(front[0].throughput_per_gpu, target_interactivity)
         return SLOValue(
             math.nan, target_interactivity,

@@ -147,6 +147,8 @@ def test_slo_past_a_cliff_is_the_last_frontier_point():
     v = throughput_at_slo(cliff, 75.0)
     assert not v.is_missing and v.value == 1000.0
     assert throughput_at_slo(SWEEP[:2], 75.0).is_missing      # no point below 75: the sweep stopped short
+    unmeasured = [*SWEEP[:2], SweepPoint(interactivity=60.0, throughput_per_gpu=math.nan, concurrency=8)]
+    assert throughput_at_slo(unmeasured, 75.0).is_missing
 
 
 def test_slo_empty_sweep():

@@ -128,7 +128,9 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
         classes.update(setting.kernel_classes)
 
     def build(k: int, mech: Mechanisms) -> StepModel:
-        return StepModel(model, parallel, hardware, k, classes=classes, mech=mech)
+        # a step without drafts has no verification rows for kda_overlap to move
+        return StepModel(model, parallel, hardware, k, classes=classes,
+                         mech=mech if k else replace(mech, packed_kda=False, kda_streams=False))
 
     drafts = applied["draft_length"]
     steps = draft_steps(drafts, "kda_decode" in fused, build, mech, trace)
@@ -200,7 +202,8 @@ def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareC
                  toggles: dict[str, ToggleConfig], trace: Trace) -> dict[str, Any]:
     """The cell: every concurrency of `backend.concurrency` (only the target's bracket with
     `backend.bracket_from`), the frontier, the throughput per GPU at `backend.target_interactivity` (absent from
-    the metrics, with the reason in `slo`, when not bracketed) and tokens per dollar there."""
+    the metrics, with the reason in `slo`, when not bracketed) and tokens per dollar there; the other metrics at
+    the highest concurrency (at `bracket_from` with a bracket search)."""
     setup = sim_setup(backend, model_name, hardware, toggles, trace)
     log.info("sim: %s on %s (tp %d, moe %s), %.1f GB of cache per rank (%d blocks of %d tokens), %d drafts; %d "
              "requests; concurrencies %s", model_name, hardware.name, setup.parallel.tp, setup.parallel.moe,
@@ -215,14 +218,18 @@ def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareC
     points = []
     for k, point in enumerate(found, 1):
         points.append(point)
-        log.info("sim: [point %d/%d] concurrency %d: %.1f tokens/s/GPU at P90 %.2f tokens/s/user, TTFT p50 %.2f s, "
-                 "hit rate %.3f (%.1f s simulated in %.1f s)", k, len(backend.concurrency), point["concurrency"],
+        log.info("sim: [point %d/%s] concurrency %d: %.1f tokens/s/GPU at P90 %.2f tokens/s/user, TTFT p50 %.2f s, "
+                 "hit rate %.3f (%.1f s simulated in %.1f s)", k,
+                 f"<={len(backend.concurrency)}" if backend.bracket_from else len(backend.concurrency),
+                 point["concurrency"],
                  point["throughput_per_gpu"], point["interactivity"], point["metrics"]["ttft_p50_s"],
                  point["metrics"]["prefix_hit_rate"], point["simulated_s"], point["wall_s"])
     points.sort(key=lambda p: p["concurrency"])
     sweep = [SweepPoint(p["interactivity"], p["throughput_per_gpu"], p["concurrency"]) for p in points]
     slo = throughput_at_slo(sweep, backend.target_interactivity)
-    metrics = dict(points[-1]["metrics"])
+    # the cell's metrics: at the highest concurrency, or where every bracket search starts (the same in every cell)
+    at = backend.bracket_from or points[-1]["concurrency"]
+    metrics = dict(next(p for p in points if p["concurrency"] == at)["metrics"])
     per_dollar = None
     if not slo.is_missing:
         metrics["tput_per_gpu_at_slo"] = slo.value

@@ -201,6 +201,10 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
     prefill.kernels = 3 if any(q.kind == "prefill" for q in seqs) else 0    # conv, chunk kernel, gated norm
     recurrent.kernels = 3 if any(q.kind == "verify" for q in seqs) else 0
     if decodes:
+        if m.state_bytes != 4 or m.conv_bytes != m.act_bytes:
+            raise ValueError(f"SimModel: fusion's KDA decode traffic has an fp32 state and the conv window in the "
+                             f"activations' dtype; got state_bytes {m.state_bytes}, conv_bytes {m.conv_bytes}, "
+                             f"act_bytes {m.act_bytes}")
         n = len(decodes)
         fused = mech.fused_kda_decode and not prefill.kernels
         stage = kda_decode_traffic(n, heads, d, s.conv_width, m.act_bytes, fused)

@@ -11,6 +11,7 @@ gives, for a fraction of the time.
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 
@@ -83,7 +84,7 @@ def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int,
         drafts = draft_seqs(seqs)
         if drafts and num_drafts > 1:
             for name, cost in mtp_costs(m, p, drafts, mech).items():
-                out[f"later_{name}"] = Cost.total([])
+                out[f"later_{name}"] = Cost()
                 out[f"later_{name}"].add(cost, num_drafts - 1)
     return out
 
@@ -155,19 +156,20 @@ class StepModel:
         names, target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), mech), m,
                             kind="verify" if num_drafts else "decode")
         later = max(num_drafts - 1, 0)
-        if later:           # the later MTP passes, passes of their own ("later_<name>", as exact_costs names them)
-            draft_names, drafts = fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, kind="decode")
-            names = names + [f"later_{n}" for n in draft_names]
-            zeros = np.zeros((NUM_FEATURES, len(draft_names), len(FIELDS)))
-            target = np.concatenate((target, zeros), axis=1)
-            drafts = np.concatenate((np.zeros_like(target[:, :-len(draft_names)]), later * drafts), axis=1)
-        self.names = names
-        eff = np.array([efficiency(hw, kernel_class(n, self.classes)) for n in names])
+        # the K - 1 later MTP passes: passes of their own ("later_<name>", as exact_costs names them)
+        draft_names, drafts = (fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, kind="decode") if later
+                               else ([], None))
+        self.names = names + [f"later_{n}" for n in draft_names]
+        # One matrix, block diagonal: [step features, MTP pass features] x [target passes, later passes], the later
+        # passes weighing K - 1 each.
+        both = np.zeros((2 * NUM_FEATURES, len(self.names), len(FIELDS)))
+        both[:NUM_FEATURES, :len(names)] = target
+        if later:
+            both[NUM_FEATURES:, len(names):] = later * drafts
+        eff = np.array([efficiency(hw, kernel_class(n, self.classes)) for n in self.names])
         peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
         hop = allreduce_s(0.0, 1, p.tp, hw)                 # an all-reduce's latency; its seconds per byte:
         link = allreduce_s(1.0, 1, p.tp, hw) - hop
-        # One matrix over [step features, MTP pass features]: the K - 1 later passes weigh K - 1 (or 0) each.
-        both = np.concatenate((target, drafts if later else 0 * target))     # [2 · features, pass, field]
         self._flops_s = both[:, :, 0] / (peak * eff)
         self._bytes_s = both[:, :, 1] / (bandwidth * eff)
         self._fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link
@@ -224,7 +226,7 @@ class StepModel:
 
     def times(self, rows: np.ndarray) -> np.ndarray:
         """Seconds of the steps whose feature rows (`batch_features`, or `features` of the step and of its later
-        MTP passes side by side) are `rows`: per kernel class max(FLOPs / (peak·eff), bytes / (bandwidth·eff)),
+        MTP passes side by side) are `rows`: per pass max(FLOPs / (peak·eff), bytes / (bandwidth·eff)),
         then launches, all-reduces, host."""
         return np.maximum(rows @ self._flops_s, rows @ self._bytes_s).sum(axis=-1) + rows @ self._fixed + self.host_s
 
@@ -258,7 +260,7 @@ class DraftSteps:
             raise ValueError(f"DraftSteps: no step model of K = {missing[0]} for the schedule {self.schedule}")
         self.models = {k: models[k] for k in ks}
         self.max_k = ks[-1]
-        self._dense = [0] + [k for lo, hi, k in self.schedule for _ in range(lo, hi + 1)]
+        self._his = [hi for _, hi, _ in self.schedule]
 
     @classmethod
     def fixed(cls, model: StepModel) -> DraftSteps:
@@ -271,7 +273,7 @@ class DraftSteps:
 
     def k(self, batch: int) -> int:
         """The K a step of `batch` running requests verifies; past the schedule's last range, its K."""
-        return self._dense[batch] if batch < len(self._dense) else self._dense[-1]
+        return self.schedule[min(bisect.bisect_left(self._his, batch), len(self._his) - 1)][2]
 
 
 class DecodeSeconds:

@@ -20,9 +20,10 @@ KERNEL_CLASS = {
 
 def kernel_class(name: str, classes: dict[str, str] | None = None) -> str:
     """The kernel class of a Cost name (`classes`: a toggle's reassignments, `SimSetting.kernel_classes`)."""
-    if classes and name in classes:
-        return classes[name]
-    base = name.removeprefix("later_").removeprefix("mtp_")
+    first = name.removeprefix("later_")         # a later MTP pass runs the kernels of the first
+    if classes and first in classes:
+        return classes[first]
+    base = first.removeprefix("mtp_")
     if base not in KERNEL_CLASS:
         raise ValueError(f"cost {name!r}: no kernel class; known: {', '.join(sorted(KERNEL_CLASS))}")
     return KERNEL_CLASS[base]

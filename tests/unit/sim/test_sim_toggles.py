@@ -12,7 +12,7 @@ from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Cost, Mechanisms, Parallel, Seq, SimModel
 from ablations.backends.sim.report import scaled
 from ablations.backends.sim.step_model import DecodeSeconds, StepModel, exact_costs
-from ablations.backends.sim.timing import step_time
+from ablations.backends.sim.timing import kernel_class, step_time
 from ablations.config import compose_app
 from ablations.workload import load_workload
 from opts.draft_length.chooser import goodput
@@ -39,6 +39,13 @@ def _point(modes: tuple[tuple[str, str], ...]) -> dict:
     out = run_point(sim_setup(SimBackendConfig(), "kimi_k3", hw, toggles, trace), trace, CONCURRENCY, 0)
     out.pop("wall_s")
     return out
+
+
+def test_aiter_mla_on_runs_every_mtp_pass_s_mla_decode_as_the_vendor_kernel():
+    off, on = (setup(aiter_mla=m).steps.models[3] for m in ("off", "on"))
+    vendor = [n for n in on.names if kernel_class(n, on.classes) == "attention_vendor"]
+    assert sorted(vendor) == ["later_mtp_mla_decode", "mla_decode", "mtp_mla_decode"]
+    assert on.time(VERIFY_STEP) < off.time(VERIFY_STEP)
 
 
 @pytest.mark.slow
@@ -106,6 +113,9 @@ def test_kda_overlap_changes_nothing_without_speculation():
     assert off["engine"]["drafts"] == 0
     assert close(on, off)
     assert close(point(draft_length="k0", kda_overlap="streams"), off)
+    for mode in ("on", "streams"):       # no verification rows to move: the step models are stock
+        mech = setup(draft_length="k0", kda_overlap=mode).steps.mech
+        assert not (mech.packed_kda or mech.kda_streams)
     assert not close(point(kda_overlap="on"), point())
 
 
