@@ -34,6 +34,7 @@ from opts.base import ToggleConfig
 from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.geometry import CacheGeometry, k3_geometry
 from opts.cache_retention.pool import Resume
+from opts.draft_length.schedule import fixed_schedule
 from opts.k3 import K3, K3Spec
 from opts.registry import OPTIMIZATIONS
 from opts.sim_setting import SimSetting
@@ -81,24 +82,30 @@ def unmodelled(toggles: dict[str, ToggleConfig], platform: str) -> list[str]:
     return out
 
 
+def mean_context(trace: Trace) -> float:
+    """The mean context a decode step of `trace` sees: a request's prompt and half its answer, averaged."""
+    return sum(r.input_length + r.output_length / 2 for r in trace.requests) / len(trace.requests)
+
+
 def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int, Mechanisms], StepModel],
                 mech: Mechanisms, trace: Trace | None) -> DraftSteps:
     """draft_length's step models and the K of each batch size: its fixed K, or the schedule its chooser picks on
     this node's own c(b, K) at the workload's mean context (on). The fused KDA decode (`fuse_kda_decode`) only
     when no K is above 0: vLLM decides at construction, and not with speculation configured
     (amd/ops/kda_decode.py)."""
+    probes: dict[int, StepModel] = {}
     if setting.draft_schedule is None:
-        k = setting.num_drafts or 0
-        return DraftSteps.fixed(build(k, replace(mech, fused_kda_decode=fuse_kda_decode and k == 0)))
-    if trace is None:
+        schedule = fixed_schedule(setting.num_drafts or 0, 1)
+    elif trace is None:
         raise ValueError("draft_length on: its chooser weighs step times at the workload's mean context; "
                          "sim_setup needs the trace")
-    context = sum(r.input_length + r.output_length / 2 for r in trace.requests) / len(trace.requests)
-    models = {k: build(k, mech) for k in range(setting.num_drafts + 1)}
-    schedule = setting.draft_schedule(DecodeSeconds(models, context))
-    if fuse_kda_decode and max(k for _, _, k in schedule) == 0:
-        models = {0: build(0, replace(mech, fused_kda_decode=True))}
-    return DraftSteps(models, schedule)
+    else:
+        probes = {k: build(k, mech) for k in range(setting.num_drafts + 1)}
+        schedule = setting.draft_schedule(DecodeSeconds(probes, mean_context(trace)))
+    ks = {k for _, _, k in schedule}
+    if fuse_kda_decode and ks == {0}:
+        return DraftSteps({0: build(0, replace(mech, fused_kda_decode=True))}, schedule)
+    return DraftSteps({k: probes.get(k) or build(k, mech) for k in ks}, schedule)
 
 
 def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,

@@ -7,7 +7,7 @@ from functools import cache
 
 import pytest
 
-from ablations.backends.sim.cell import run_point, sim_setup
+from ablations.backends.sim.cell import mean_context, run_point, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Cost, Mechanisms, Parallel, Seq, SimModel
 from ablations.backends.sim.report import scaled
@@ -177,8 +177,7 @@ def test_draft_length_on_runs_the_k_its_chooser_picks_on_the_simulated_node():
     # on K3 at TP8 a decode step reads every layer's weights whatever its width, so drafts cost little: the
     # expected accepted tokens per second, b E(K) / c(b, K) on the node's own step times, grow up to max_k (8)
     _, trace = default_case()
-    context = sum(r.input_length + r.output_length / 2 for r in trace.requests) / len(trace.requests)
-    cost = DecodeSeconds({k: fixed_k_model(k) for k in (3, 8)}, context)
+    cost = DecodeSeconds({k: fixed_k_model(k) for k in (3, 8)}, mean_context(trace))
     for batch in (1, 4, 16):
         assert goodput(cost, (0.8,) * 8, batch, 8) > goodput(cost, (0.8,) * 8, batch, 3)
     assert setup(draft_length="on", fusion="on").steps.mech.fused_kda_decode is False
