@@ -11,7 +11,8 @@ from opts.vllm_setting import PLATFORMS
 
 FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops", "price_per_gpu_hour",
            "link_bandwidth_gb_s", "link_latency_us", "launch_us", "host_overhead_us")
-# What the simulator cannot do without (besides an efficiency per kernel class).
+# What the simulator cannot do without (besides an efficiency per kernel class); the link only with two devices
+# or more (one device never all-reduces).
 MODEL_FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")
 # The simulator's kernel classes: each reaches its own fraction of peak FLOP/s and of memory bandwidth. A profile
 # gives every one; an optional class only where a toggle's kernel runs as it (aiter_mla on: "attention_vendor").
@@ -76,6 +77,13 @@ class HardwareConfig:
 
     @property
     def is_modelled(self) -> bool:
-        """Whether the simulator can run on this node: peak, bandwidth, memory, link and every kernel class's
-        efficiency known."""
-        return all(getattr(self, k) for k in MODEL_FIGURES) and set(KERNEL_CLASSES) <= set(self.efficiency)
+        """Whether the simulator can run on this node: peak, bandwidth, memory, link (with two devices or more) and
+        every kernel class's efficiency known."""
+        return not self.missing_figures
+
+    @property
+    def missing_figures(self) -> list[str]:
+        """What the simulator needs and this profile lacks: figures, then `efficiency.<class>`es."""
+        figures = [k for k in MODEL_FIGURES if not getattr(self, k)
+                   and not (k == "link_bandwidth_gb_s" and self.num_devices == 1)]
+        return figures + [f"efficiency.{c}" for c in KERNEL_CLASSES if c not in self.efficiency]

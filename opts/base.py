@@ -19,7 +19,8 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
   (kernel classes, KDA packing, the prefix cache's free order and resume point, drafts per step; never a
   speed-up factor); off is the empty setting unless the toggle's off is itself a choice (draft_length's K); a
   mode the simulator does not model raises ValueError naming the modes it does. It imports nothing from
-  `ablations`.
+  `ablations`. Optionally `CALIBRATION`: {case-name prefix: {side: kernel class}}, the simulator's kernel class
+  each side of the package's microbenchmarks runs as, which the calibration command fits efficiencies on.
 - `README.md`: the mechanism, its math, what off and on run per platform, measured numbers and their machine.
 - `__init__.py`: the public API (`__all__`) and the `OPTIMIZATION` record `opts.registry` lists.
 

@@ -10,6 +10,9 @@ from opts.vllm_setting import check_platform
 
 VENDOR_CLASS = "attention_vendor"
 DECODE_COSTS = ("mla_decode", "mtp_mla_decode")
+# The kernel class each side of this package's microbenchmarks runs as, by case-name prefix ("": every case):
+# the calibration fits each class's efficiency on those rows' bytes, FLOPs and times.
+CALIBRATION = {"": {"off": "attention", "on": VENDOR_CLASS}}
 
 
 def sim_setting(config: AiterMLAConfig, platform: str) -> SimSetting:

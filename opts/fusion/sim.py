@@ -19,6 +19,10 @@ from opts.sim_setting import SimSetting, not_modelled
 from opts.vllm_setting import check_platform
 
 DTYPES = {2: torch.bfloat16, 4: torch.float32}
+# The kernel class each side of this package's microbenchmarks runs as, by case-name prefix: the calibration
+# fits the class's efficiency on those rows. The MLA norms only: the KDA decode's passes
+# include the recurrence (another class), the attention residual's off is a counterfactual.
+CALIBRATION = {"mla_norm_": {"off": "elementwise", "on": "elementwise"}}
 
 
 @dataclass(frozen=True)

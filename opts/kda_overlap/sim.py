@@ -10,6 +10,10 @@ from opts.base import ToggleConfig
 from opts.sim_setting import SimSetting, not_modelled
 from opts.vllm_setting import check_platform
 
+# The kernel class each side of this package's microbenchmarks runs as, by case-name prefix ("": every case):
+# the calibration fits the class's efficiency on those rows (chunked and recurrent KDA passes).
+CALIBRATION = {"": {"off": "recurrent", "on": "recurrent"}}
+
 
 def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
     """What `config` changes in the simulated engine on `platform`."""

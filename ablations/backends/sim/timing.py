@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ablations.backends.sim.cost import STOCK, Cost, Mechanisms, Parallel, SimModel, kernel_time, weights_per_rank
-from ablations.hardware import KERNEL_CLASSES, MODEL_FIGURES, HardwareConfig
+from ablations.hardware import HardwareConfig
 
 # Which kernel class each of cost.py's Cost names runs as (an MTP pass's "mtp_<name>" as <name>, the later MTP
 # passes' "later_mtp_<name>" too).
@@ -45,9 +45,7 @@ class StepTime:
 
 def _modelled(hw: HardwareConfig) -> None:
     if not hw.is_modelled:
-        missing = [k for k in MODEL_FIGURES if not getattr(hw, k)] + [
-            f"efficiency.{c}" for c in KERNEL_CLASSES if c not in hw.efficiency]
-        raise ValueError(f"hardware {hw.name}: the simulator needs {', '.join(missing)}")
+        raise ValueError(f"hardware {hw.name}: the simulator needs {', '.join(hw.missing_figures)}")
 
 
 def allreduce_s(payload_bytes: float, count: int, tp: int, hw: HardwareConfig) -> float:

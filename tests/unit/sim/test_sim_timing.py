@@ -72,7 +72,7 @@ def test_unknown_names_and_missing_profile_values_are_named():
         kernel_class("flash")
     assert kernel_class("mtp_moe_experts") == "moe"
     with pytest.raises(ValueError, match=r"hardware cpu: the simulator needs memory_gb, bandwidth_tb_s"):
-        step_time({}, node("cpu"), Parallel())
+        step_time({}, HardwareConfig(name="cpu"), Parallel())
     with pytest.raises(ValueError, match=r"efficiency.gemm = 0.5 has no source"):
         HardwareConfig(name="x", efficiency={"gemm": 0.5})
     with pytest.raises(ValueError, match=r"efficiency: 'flash' is not a kernel class"):
