@@ -317,10 +317,14 @@ def to_app(cfg: DictConfig) -> AppConfig:
     return app
 
 
-def compose_app(overrides: Sequence[str] = ()) -> AppConfig:
-    """The AppConfig `python -m ablations <overrides>` runs with (for tests and notebooks)."""
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The config `python -m ablations <overrides>` composes, unvalidated (its overrides checked)."""
     check_overrides(overrides)
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    return to_app(cfg)
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def compose_app(overrides: Sequence[str] = ()) -> AppConfig:
+    """The AppConfig `python -m ablations <overrides>` runs with (for tests and notebooks)."""
+    return to_app(compose_config(overrides))

@@ -35,12 +35,18 @@ from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.geometry import CacheGeometry, k3_geometry
 from opts.cache_retention.pool import Resume
 from opts.draft_length.schedule import fixed_schedule
-from opts.k3 import K3, K3Spec
+from opts.k3 import K3_TINY
 from opts.registry import OPTIMIZATIONS
 from opts.sim_setting import SimSetting
 
 log = logging.getLogger("ablations")
-MODELS: dict[str, K3Spec] = {"kimi_k3": K3}
+# The models the simulator runs, by the `model` group's name. k3_tiny as conf/model/k3_tiny.yaml builds it for
+# vLLM-CPU: fp32 everywhere, a 1,024-token vocabulary, a 512-wide dense FFN in layer 1.
+MODELS: dict[str, SimModel] = {
+    "kimi_k3": SimModel(),
+    "k3_tiny": SimModel(spec=K3_TINY, vocab_size=1024, dense_intermediate=512, weight_bytes=4.0, expert_bytes=4.0,
+                        kv_bytes=4.0, conv_bytes=4.0, act_bytes=4.0),
+}
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     if problems:
         raise ValueError(problems[0])
     applied = settings(toggles, hardware.platform)
-    model = SimModel(spec=MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
+    model = replace(MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
     fused = {stage for s in applied.values() for stage in s.fused}
     mech = Mechanisms(packed_kda=any(s.packed_kda for s in applied.values()),

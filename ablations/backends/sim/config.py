@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ablations.backends.sim.cost import MOE_SPLITS
 
-KV_DTYPES = {"bf16": 2.0, "fp8": 1.0}
+KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "fp32": 4.0}
 
 
 @dataclass

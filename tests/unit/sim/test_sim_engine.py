@@ -180,8 +180,8 @@ def test_unmodelled_modes_and_models_are_refused_by_name():
         sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles(moe_dedup="sp"))
     with pytest.raises(ValueError, match=r"opts\.aiter_mla: mode 'on' is not a kernel vLLM has on CUDA; valid: off"):
         sim_setup(SimBackendConfig(), "kimi_k3", hardware("b300_x8"), toggles(aiter_mla="on"))
-    with pytest.raises(ValueError, match=r"model: 'k3_tiny' is not modelled by backend=sim; valid: kimi_k3"):
-        sim_setup(SimBackendConfig(), "k3_tiny", hardware(), toggles())
+    with pytest.raises(ValueError, match=r"model: 'k2' is not modelled by backend=sim; valid: kimi_k3, k3_tiny"):
+        sim_setup(SimBackendConfig(), "k2", hardware(), toggles())
 
 
 def test_cache_retention_on_raises_the_hit_rate_and_lowers_ttft_under_capacity_pressure():
