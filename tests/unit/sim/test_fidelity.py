@@ -46,29 +46,37 @@ def test_the_cells_are_all_off_repeated_each_toggle_alone_and_all_on():
 
 
 @pytest.mark.slow
-def test_the_host_overhead_fit_recovers_the_overhead_a_throughput_came_from(sim):
-    throughput = lambda us: sim.metrics(ALL_OFF, us)["total_throughput"]    # noqa: E731
-    target = throughput(20_000.0)
-    assert fidelity.fit_host_overhead(throughput, target) == pytest.approx(20_000.0, rel=1e-3)
+def test_the_host_fit_recovers_the_overheads_a_throughput_and_interactivity_came_from(sim):
+    metrics = sim.all_off()
+    truth = metrics(fidelity.Host(20_000.0, 400.0))
+    host = fidelity.fit_host(metrics, truth["total_throughput"], truth["interactivity_p90"])
+    assert host.matched
+    assert host.per_step_us == pytest.approx(20_000.0, rel=0.02)
+    assert host.per_token_us == pytest.approx(400.0, rel=0.02)
+    assert metrics(host)["ttft_p50_s"] == pytest.approx(truth["ttft_p50_s"], rel=0.01)
     with pytest.raises(ValueError, match=r"measured all-off throughput 1000000000.0 tokens/s is outside"):
-        fidelity.fit_host_overhead(throughput, 1e9)
+        fidelity.fit_host(metrics, 1e9, 10.0)
 
 
-def test_a_longer_host_overhead_slows_every_cell_and_draft_length_changes_the_prediction(sim):
-    fast, slow = sim.metrics(ALL_OFF, 1_000.0), sim.metrics(ALL_OFF, 50_000.0)
+def test_the_fast_all_off_equals_a_fresh_setup_and_a_dearer_host_slows_it(sim):
+    host = fidelity.Host(30_000.0, 200.0)
+    assert sim.all_off()(host) == sim.metrics(ALL_OFF, host)
+    fast, slow = sim.metrics(ALL_OFF, fidelity.Host(1_000.0)), sim.metrics(ALL_OFF, fidelity.Host(50_000.0))
     assert slow["total_throughput"] < fast["total_throughput"] and slow["ttft_p50_s"] > fast["ttft_p50_s"]
-    assert sim.metrics("draft_length", 50_000.0)["total_throughput"] != slow["total_throughput"]
+    assert sim.metrics("draft_length", fidelity.Host(50_000.0))["total_throughput"] != slow["total_throughput"]
 
 
-def _m(t, ttft, i):
-    return {"total_throughput": t, "ttft_p50_s": ttft, "interactivity_p90": i}
+def _m(t, ttft, i, hit=0.5):
+    return {"total_throughput": t, "ttft_p50_s": ttft, "interactivity_p90": i, "prefix_hit_rate": hit}
 
 
-def test_errors_effects_noise_and_directions():
+def test_errors_effects_noise_and_directions(tmp_path):
     measured = {ALL_OFF: [_m(100, 1.0, 10), _m(104, 1.2, 10)], "x": [_m(110, 1.1, 10)], "y": [_m(103, 0.5, 12)]}
     predicted = {ALL_OFF: _m(101, 1.0, 10), "x": _m(99, 1.0, 11), "y": _m(150, 0.4, 13)}
     out = fidelity.compare(measured, predicted, ("x", "y"))
-    assert out["noise"] == pytest.approx({"total_throughput": 4, "ttft_p50_s": 0.2, "interactivity_p90": 0})
+    assert out["noise"] == pytest.approx({"total_throughput": 4, "ttft_p50_s": 0.2, "interactivity_p90": 0,
+                                          "prefix_hit_rate": 0})
+    assert cells_range(out, ALL_OFF) == [100, 104]
     cells = {c["cell"]: c for c in out["cells"]}
     assert cells[ALL_OFF]["vllm"]["total_throughput"] == 102 and cells[ALL_OFF]["runs"] == 2
     assert cells["x"]["error"]["total_throughput"] == pytest.approx(99 / 110 - 1)
@@ -78,7 +86,13 @@ def test_errors_effects_noise_and_directions():
     assert verdict[("y", "total_throughput")] is None           # +1 measured: within 4
     assert verdict[("y", "ttft_p50_s")] is True                 # -0.6 both ways down
     assert verdict[("y", "interactivity_p90")] is True          # +2 beyond a noise of 0
-    assert "DISAGREES" in fidelity.table({"host_overhead_us": 1.0, **out})
+    host = {"per_step_us": 1.0, "per_token_us": 2.0, "matched": True}
+    assert "DISAGREES" in fidelity.table({"host": host, **out})
+    assert fidelity.plot({"host": host, **out}, tmp_path / "f.png").stat().st_size > 0
+
+
+def cells_range(out, cell):
+    return next(c for c in out["cells"] if c["cell"] == cell)["vllm_range"]["total_throughput"]
 
 
 def test_bad_repeats_is_a_one_line_error(capsys, tmp_path):

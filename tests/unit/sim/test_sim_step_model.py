@@ -56,3 +56,17 @@ def test_a_cost_not_linear_in_the_features_is_refused():
         return {"lm_head": Cost(flops=float(tokens) ** 3)}
     with pytest.raises(ValueError, match=r"lm_head\.flops is not linear in the step features"):
         fit(squared, SimModel())
+
+
+def test_the_host_work_per_token_is_priced_per_scheduled_token_fast_and_exact():
+    from dataclasses import replace
+
+    hw = node("mi355x_x8")
+    per_token = replace(hw, host_us_per_token=30.0, sources={**hw.sources, "host_us_per_token": "assumed"})
+    base, model = StepModel(SimModel(), Parallel(), hw, 3), StepModel(SimModel(), Parallel(), per_token, 3)
+    for seqs in probe_steps(seed=99, count=10, kind="verify"):
+        tokens = sum(s.new_tokens for s in seqs)
+        assert model.time(seqs) == pytest.approx(base.time(seqs) + tokens * 30e-6, rel=RTOL)
+        assert model.exact_time(seqs) == pytest.approx(model.time(seqs), rel=RTOL)
+        assert base.with_host(per_token).time(seqs) == pytest.approx(model.time(seqs), rel=RTOL)
+    assert model.with_host(hw).time(seqs) == pytest.approx(base.time(seqs), rel=RTOL)
