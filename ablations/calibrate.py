@@ -88,19 +88,8 @@ class Fit:
         return f"{MEASURED}, {when}: {self.rows} timed rows of {', '.join(self.paths)}{clipped}"
 
 
-def _best_s(fn: Callable[[], object], device: str, rounds: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        bench.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        bench.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def _median_s(fn: Callable[[], object], device: str, rounds: int) -> float:
+def _times(fn: Callable[[], object], device: str, rounds: int) -> list[float]:
+    """Seconds of `rounds` calls of `fn` after one untimed call (the device synchronized around each)."""
     fn()
     times = []
     for _ in range(rounds):
@@ -109,7 +98,7 @@ def _median_s(fn: Callable[[], object], device: str, rounds: int) -> float:
         fn()
         bench.synchronize(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def gemm_flops(device: str, sizes: tuple[int, ...] = PEAK_GEMM_SIZES, rounds: int = 3) -> float:
@@ -118,7 +107,7 @@ def gemm_flops(device: str, sizes: tuple[int, ...] = PEAK_GEMM_SIZES, rounds: in
     for n in sizes:
         a = torch.randn(n, n, device=device).to(torch.bfloat16)
         b = torch.randn(n, n, device=device).to(torch.bfloat16)
-        best = max(best, 2 * n ** 3 / _best_s(lambda a=a, b=b: a @ b, device, rounds))
+        best = max(best, 2 * n ** 3 / min(_times(lambda a=a, b=b: a @ b, device, rounds)))
     return best
 
 
@@ -131,7 +120,7 @@ def launch_seconds(device: str, calls: int = 2000) -> float:
         for _ in range(calls):
             torch.add(x, y, out=x)
 
-    return _median_s(many, device, 5) / calls
+    return statistics.median(_times(many, device, 5)) / calls
 
 
 def memory_gb(device: str) -> float:
@@ -154,14 +143,15 @@ def probe_rows(device: str, rounds: int = 5) -> list[Row]:
     weight = torch.randn(hidden, out, device=device).to(torch.bfloat16)
     for t in GEMM_TOKENS:
         x = torch.randn(t, hidden, device=device).to(torch.bfloat16)
-        rows.append(Row("gemm", "gemm probe", f"{t}x{hidden}x{out}", _median_s(lambda x=x: x @ weight, device, rounds),
+        seconds = statistics.median(_times(lambda x=x: x @ weight, device, rounds))
+        rows.append(Row("gemm", "gemm probe", f"{t}x{hidden}x{out}", seconds,
                         2 * (t * hidden + hidden * out + t * out), 2 * t * hidden * out))
     e, latent, inter = MOE_PROBE_EXPERTS, K3.expert_latent, 2 * K3.moe_intermediate
     experts = torch.randn(e, latent, inter, device=device).to(torch.bfloat16)
     for t in MOE_TOKENS_PER_EXPERT:
         x = torch.randn(e, t, latent, device=device).to(torch.bfloat16)
-        rows.append(Row("moe", "moe probe", f"{e}x{t}x{latent}x{inter}",
-                        _median_s(lambda x=x: torch.bmm(x, experts), device, rounds),
+        seconds = statistics.median(_times(lambda x=x: torch.bmm(x, experts), device, rounds))
+        rows.append(Row("moe", "moe probe", f"{e}x{t}x{latent}x{inter}", seconds,
                         2 * e * (t * latent + latent * inter + t * inter), 2 * e * t * latent * inter))
     return rows
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ablations.__main__ import run as run_cell
 from ablations.backends.sim.cell import run_point, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.step_model import DraftSteps
@@ -91,8 +92,6 @@ def run_vllm_cell(cell: str, repeat: int, root: Path, overrides: tuple[str, ...]
                   ) -> dict[str, Any]:
     """The vLLM-CPU cell's result: read back from `root/vllm/<cell>.r<repeat>` when it finished there for the same
     config, else run (an engine start, the replay, the stop) and written there."""
-    from ablations.__main__ import run
-
     cfg = _cell_config(cell, repeat, overrides, repeats)
     config = OmegaConf.to_container(cfg, resolve=True)
     out_dir = root / "vllm" / f"{cell}.r{repeat}"
@@ -100,7 +99,7 @@ def run_vllm_cell(cell: str, repeat: int, root: Path, overrides: tuple[str, ...]
     if done is not None:
         log.info("fidelity: %s (repeat %d) finished before: %s", cell, repeat, out_dir)
         return done
-    return run(to_app(cfg), out_dir, config, players_of(cfg))
+    return run_cell(to_app(cfg), out_dir, config, players_of(cfg))
 
 
 class SimCells:
