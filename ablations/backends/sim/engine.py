@@ -177,7 +177,8 @@ class _Engine:
     def __init__(self, trace, steps, geometry, num_blocks, free_list, resume, alphas, scheduler, seed, stretches):
         self.trace, self.steps, self.alphas, self.scheduler, self.seed = trace, steps, alphas, scheduler, seed
         self.stretches = stretches
-        self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size)
+        self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size,
+                               speculative=steps.configured_k > 0, progressive=True)
         self.session_aware = hasattr(free_list, "bind")
         if self.session_aware:
             free_list.bind(self.pool)
@@ -210,22 +211,50 @@ class _Engine:
         return pool.admit(rid, request, self._keys(rid), previous, now, upto=request.num_prompt_tokens,
                           readmit=request is not r)
 
+    def _chunk(self, run: _Run, budget: int) -> int:
+        """The prefill tokens `run` computes this step with `budget` tokens left: vLLM's split for a hybrid model
+        in "align" mode (`scheduler._mamba_block_aligned_split`): a chunk short of the prompt's end ends on a block
+        boundary (when it crosses one, or when a block fits in a step), one starting inside a block stops at its
+        end, and none runs past a state the pool caches (`HybridPool.prefill_stops`). 0: none fits."""
+        size, start, target = self.pool.block_size, run.computed, run.target
+        end = min(start + budget, target)
+        if end < target:
+            aligned = end // size * size
+            if aligned > start or size <= self.scheduler.max_num_batched_tokens:
+                end = aligned
+        stops = [s for s in self.pool.prefill_stops(run.rid) if start < s < end]
+        if start % size:
+            stops.append(min((start // size + 1) * size, end))
+        return min(stops, default=end) - start
+
     def _grow(self, run: _Run, upto: int) -> bool:
         return self.pool.grow(run.rid, run.request, self._keys(run.rid), upto)
 
-    @staticmethod
-    def _stretch(batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int) -> int:
+    def _stretch(self, batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int) -> int:
         """How many steps from now are alike but for their contexts: none of the batch finishes before the last,
-        and either no prefill runs or one prefill takes the whole budget without completing (so no admission
-        can happen either)."""
+        and either no prefill runs or one prefill takes the whole budget, in chunks of the same size, without
+        completing (so no admission can happen either)."""
         steps = min((run.steps - run.done for run in batch), default=math.inf)
         if chunks:
             (run, chunk), *others = chunks
             remaining = run.target - run.computed
             if others or budget_left or remaining <= chunk:
                 return 1
-            steps = min(steps, -(-remaining // chunk) - 1)
+            steps = min(steps, self._same_chunks(run, chunk, -(-remaining // chunk) - 1))
         return max(int(steps), 1)
+
+    def _same_chunks(self, run: _Run, chunk: int, limit: int) -> int:
+        """Steps from now (at most `limit`) in which `run` computes `chunk` tokens each with a budget of `chunk`."""
+        start, n = run.computed, 1
+        try:
+            while n < limit:
+                run.computed = start + n * chunk
+                if self._chunk(run, chunk) != chunk:
+                    break
+                n += 1
+        finally:
+            run.computed = start
+        return n
 
     def _grow_stretch(self, batch: list[_Run], steps: int, q: int) -> int:
         """Allocate the blocks the batch's verifications need over steps 1..steps-1 of a stretch, in the order
@@ -331,9 +360,10 @@ class _Engine:
             for run in prefilling:
                 if not budget:
                     break
-                chunk = min(run.target - run.computed, budget)
-                chunks.append((run, chunk))
-                budget -= chunk
+                chunk = self._chunk(run, budget)
+                if chunk:
+                    chunks.append((run, chunk))
+                    budget -= chunk
             while (waiting and budget and not blocked and len(running) < sched.max_num_seqs
                    and self.stats.num_preemptions == num_preempted):      # vLLM admits nothing in a step that preempts
                 rid, ready = waiting[0]
@@ -350,9 +380,12 @@ class _Engine:
                     run = self._new_run(rid, hit, ready, k)
                 running.append(run)
                 prefilling.append(run)
-                chunk = min(run.target - run.computed, budget)
-                chunks.append((run, chunk))
-                budget -= chunk
+                chunk = self._chunk(run, budget)
+                if chunk:
+                    chunks.append((run, chunk))
+                    budget -= chunk
+                else:           # vLLM: no block-aligned chunk fits the budget left; the queue waits a step
+                    break
             if not (batch or chunks):
                 if running:
                     raise RuntimeError(f"sim engine: nothing schedulable at {now:.3f} s with {len(running)} running")
@@ -403,6 +436,7 @@ class _Engine:
             done = [run for run in batch if run.done == run.steps]
             for run, chunk in chunks:
                 run.computed += chunk * steps
+                pool.progress(run.rid, run.computed)
                 if run.computed == run.target:
                     if math.isnan(run.first_s):
                         run.first_s = now

@@ -92,12 +92,18 @@ def one_request(prompt: int, output: int, at_ms: float = 0.0, hash_base: int = 0
     return Request(at_ms, prompt, output, tuple(range(hash_base, hash_base + -(-prompt // 512))))
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget():
+@pytest.mark.parametrize(("num_drafts", "chunks"), [
+    # vLLM's split for a hybrid model ("align"): chunks end on 768-token blocks, and stop at the prompt's KDA
+    # checkpoint, the last full block before its last token (19,968), one block earlier with MTP (19,200)
+    (0, [(7680, 0), (7680, 7680), (4608, 15360), (32, 19968)]),
+    (3, [(7680, 0), (7680, 7680), (3840, 15360), (800, 19200)]),
+])
+def test_a_long_prompt_is_prefilled_in_block_aligned_chunks_of_the_token_budget(num_drafts, chunks):
     trace = Trace((one_request(20_000, 1),), 512)
-    records, stats = replay(trace, scheduler=SchedulerConfig(max_num_batched_tokens=8192))
-    chunks = [(8192, 0), (8192, 8192), (3616, 16384)]
-    want = sum(steps(3).time([Seq(n, c, "prefill")]) for n, c in chunks)
-    assert stats.num_steps == 3
+    records, stats = replay(trace, num_drafts=num_drafts, alphas=ALPHAS[:num_drafts],
+                            scheduler=SchedulerConfig(max_num_batched_tokens=8192))
+    want = sum(steps(num_drafts).time([Seq(n, c, "prefill")]) for n, c in chunks)
+    assert stats.num_steps == len(chunks)
     assert records[0].first_token_s == pytest.approx(want, rel=1e-9) == records[0].finish_s
 
 
@@ -241,7 +247,7 @@ def test_points_on_two_processes_equal_points_in_this_one():
 def test_a_reprefill_preempted_again_keeps_what_it_had_to_recompute():
     # a budget of 32 tokens keeps re-prefills in flight when the next preemption comes
     trace = Trace(tuple(one_request(3000, 3000, hash_base=100 * i) for i in range(3)), 512)
-    kw = {"num_blocks": 20, "scheduler": SchedulerConfig(max_num_batched_tokens=32)}
+    kw = {"num_blocks": 18, "scheduler": SchedulerConfig(max_num_batched_tokens=32)}
     records, stats = replay(trace, **kw)
     slow, slow_stats = replay(trace, stretches=False, **kw)
     assert stats.num_preemptions > 3 and slow_stats.num_preemptions == stats.num_preemptions
