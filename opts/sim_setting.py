@@ -21,7 +21,8 @@ class SimSetting:
     step that also prefills, the KDA verification rows run inside the prefill's chunked pass (kda_overlap on);
     `kda_streams`: the recurrent and chunked KDA passes run at once on two streams (kda_overlap streams).
     `sharded_latent_up`: each rank up-projects the latent MoE's output into only its 1/tp of the hidden size and
-    holds only those weights (moe_dedup on).
+    holds only those weights (moe_dedup on); `latent_up_tier`: that up-projection in a pass of more than this many
+    tokens, the replicated one in the others, every rank holding all the weights (moe_dedup tiered).
     `fused`: stages that run as one fused kernel each (fusion on: "kda_decode", "mla_norm"), their kernels and
     bytes from fusion's traffic accounting (`opts.fusion.sim`).
     `free_list`: a factory of the prefix cache's free-block order; `resume`: where a session's next turn resumes
@@ -35,6 +36,7 @@ class SimSetting:
     packed_kda: bool = False
     kda_streams: bool = False
     sharded_latent_up: bool = False
+    latent_up_tier: int | None = None
     fused: tuple[str, ...] = ()
     free_list: Callable[[], Any] | None = None
     resume: Any = None

@@ -1,7 +1,8 @@
 """moe_dedup in the simulator: on, each tensor-parallel rank up-projects the latent MoE's output into only its
 1/tp of the hidden size (its rows of W_up, all it holds), so the up-projection's FLOPs and weight bytes per rank
 fall by tp and the weights free that much memory for the cache; the same two all-reduces (README.md). Off is the
-replicated tail. sp and tiered are not modelled yet."""
+replicated tail. tiered runs on's tail in a pass of more than `tier_threshold` tokens and off's in the others
+(each MoE pass by its own tokens: a step's, an MTP draft pass's), holding off's weights. sp is not modelled yet."""
 
 from __future__ import annotations
 
@@ -17,4 +18,6 @@ def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
         return SimSetting()
     if config.mode == "on":
         return SimSetting(sharded_latent_up=True)
-    raise not_modelled("moe_dedup", config.mode, ("off", "on"))
+    if config.mode == "tiered":
+        return SimSetting(latent_up_tier=config.tier_threshold)
+    raise not_modelled("moe_dedup", config.mode, ("off", "on", "tiered"))

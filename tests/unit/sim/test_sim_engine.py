@@ -182,7 +182,7 @@ def test_k3_on_h200_at_tp8_does_not_fit_and_says_by_how_much():
 
 def test_unmodelled_modes_and_models_are_refused_by_name():
     with pytest.raises(ValueError, match=r"opts\.moe_dedup: mode 'sp' is not modelled by the simulator yet; valid: "
-                                         r"off, on"):
+                                         r"off, on, tiered"):
         sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles(moe_dedup="sp"))
     with pytest.raises(ValueError, match=r"opts\.aiter_mla: mode 'on' is not a kernel vLLM has on CUDA; valid: off"):
         sim_setup(SimBackendConfig(), "kimi_k3", hardware("b300_x8"), toggles(aiter_mla="on"))

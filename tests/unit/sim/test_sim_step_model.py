@@ -70,3 +70,28 @@ def test_the_host_work_per_token_is_priced_per_scheduled_token_fast_and_exact():
         assert model.exact_time(seqs) == pytest.approx(model.time(seqs), rel=RTOL)
         assert base.with_host(per_token).time(seqs) == pytest.approx(model.time(seqs), rel=RTOL)
     assert model.with_host(hw).time(seqs) == pytest.approx(base.time(seqs), rel=RTOL)
+
+
+@pytest.mark.parametrize("num_drafts", [0, 3])
+def test_tiered_prices_each_moe_pass_by_its_own_tokens(num_drafts):
+    """moe_dedup tiered: a step of at most `tier` tokens as off, above it the target pass (and the MTP's first)
+    as on, each later MTP pass by its own tokens (one per decoding request): fast and exact agree."""
+    hw, parallel, tier = node("mi355x_x8"), Parallel(), 40
+    tiered = StepModel(SimModel(), parallel, hw, num_drafts, mech=Mechanisms(latent_up_tier=tier))
+    off, on = (StepModel(SimModel(), parallel, hw, num_drafts, mech=Mechanisms(sharded_latent_up=s))
+               for s in (False, True))
+    seen = set()
+    for seqs in probe_steps(seed=7, count=60, kind="verify" if num_drafts else "decode"):
+        time = tiered.time(seqs)
+        assert time == pytest.approx(tiered.exact_time(seqs), rel=RTOL) and time >= tiered.roofline(seqs)
+        tokens, decodes = sum(s.new_tokens for s in seqs), sum(s.kind != "prefill" for s in seqs)
+        if tokens <= tier:
+            assert time == pytest.approx(off.time(seqs), rel=RTOL)
+            seen.add("off")
+        elif not num_drafts or not decodes or decodes > tier:       # no later pass, or one above the tier
+            assert time == pytest.approx(on.time(seqs), rel=RTOL)
+            seen.add("on")
+        else:
+            assert on.time(seqs) < time < off.time(seqs)
+            seen.add("target on, later drafts off")
+    assert seen == {"off", "on"} | ({"target on, later drafts off"} if num_drafts else set())
