@@ -22,7 +22,9 @@ class SimSetting:
     `kda_streams`: the recurrent and chunked KDA passes run at once on two streams (kda_overlap streams).
     `sharded_latent_up`: each rank up-projects the latent MoE's output into only its 1/tp of the hidden size and
     holds only those weights (moe_dedup on); `latent_up_tier`: that up-projection in a pass of more than this many
-    tokens, the replicated one in the others, every rank holding all the weights (moe_dedup tiered).
+    tokens, the replicated one in the others, every rank holding all the weights (moe_dedup tiered);
+    `sequence_parallel_moe`: each rank runs the MoE layer's router, projections and shared experts on 1/tp of the
+    tokens, its 1/tp of the experts on all of them, behind all-gathers and a reduce-scatter (moe_dedup sp).
     `fused`: stages that run as one fused kernel each (fusion on: "kda_decode", "mla_norm"), their kernels and
     bytes from fusion's traffic accounting (`opts.fusion.sim`).
     `free_list`: a factory of the prefix cache's free-block order; `resume`: where a session's next turn resumes
@@ -37,6 +39,7 @@ class SimSetting:
     kda_streams: bool = False
     sharded_latent_up: bool = False
     latent_up_tier: int | None = None
+    sequence_parallel_moe: bool = False
     fused: tuple[str, ...] = ()
     free_list: Callable[[], Any] | None = None
     resume: Any = None

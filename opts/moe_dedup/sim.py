@@ -2,12 +2,15 @@
 1/tp of the hidden size (its rows of W_up, all it holds), so the up-projection's FLOPs and weight bytes per rank
 fall by tp and the weights free that much memory for the cache; the same two all-reduces (README.md). Off is the
 replicated tail. tiered runs on's tail in a pass of more than `tier_threshold` tokens and off's in the others
-(each MoE pass by its own tokens: a step's, an MTP draft pass's), holding off's weights. sp is not modelled yet."""
+(each MoE pass by its own tokens: a step's, an MTP draft pass's), holding off's weights. sp splits the MoE
+layer's tokens over the ranks (`sequence.py`): router, latent projections and the whole shared MLP on a rank's
+1/tp of them, its 1/tp of the experts on all, the latents all-gathered and reduce-scattered and the outputs
+all-gathered instead of the two all-reduces; every rank holds the whole shared MLP and W_up."""
 
 from __future__ import annotations
 
 from opts.base import ToggleConfig
-from opts.sim_setting import SimSetting, not_modelled
+from opts.sim_setting import SimSetting
 from opts.vllm_setting import check_platform
 
 
@@ -20,4 +23,4 @@ def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
         return SimSetting(sharded_latent_up=True)
     if config.mode == "tiered":
         return SimSetting(latent_up_tier=config.tier_threshold)
-    raise not_modelled("moe_dedup", config.mode, ("off", "on", "tiered"))
+    return SimSetting(sequence_parallel_moe=True)

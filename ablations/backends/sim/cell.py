@@ -133,6 +133,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
                       kda_streams=any(s.kda_streams for s in applied.values()),
                       sharded_latent_up=any(s.sharded_latent_up for s in applied.values()),
                       latent_up_tier=applied["moe_dedup"].latent_up_tier,
+                      sequence_parallel_moe=applied["moe_dedup"].sequence_parallel_moe,
                       fused_mla_norm="mla_norm" in fused)
     left = cache_capacity_gb(model, parallel, hardware, mech=mech)
     if backend.cache_gb > left:

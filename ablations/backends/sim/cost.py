@@ -76,6 +76,7 @@ class Mechanisms:
     rows in its prefill's chunked KDA pass (kda_overlap on, `packed`); `sharded_latent_up`, each rank up-projecting
     only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on), or
     `latent_up_tier`, doing so only in a MoE pass of more than that many tokens, holding every row (tiered);
+    `sequence_parallel_moe`, the MoE layer over 1/tp of the tokens a rank behind all-gathers (moe_dedup sp);
     `fused_kda_decode` and `fused_mla_norm`, those stages as one kernel each (fusion on; the KDA decode only in a
     step that prefills nothing, and never with speculation configured: the caller's rule); `kda_streams`, a
     step's recurrent (verification) and chunked (prefill) KDA passes at once on two streams, one pass of both
@@ -85,6 +86,7 @@ class Mechanisms:
     packed_kda: bool = False
     sharded_latent_up: bool = False
     latent_up_tier: int | None = None
+    sequence_parallel_moe: bool = False
     fused_kda_decode: bool = False
     fused_mla_norm: bool = False
     kda_streams: bool = False
@@ -114,7 +116,8 @@ class Seq:
 @dataclass
 class Cost:
     """Per rank: FLOPs, bytes moved from memory by kind (weights, cache: KV and KDA state, activations),
-    kernel launches, the all-reduces and their payload in bytes."""
+    kernel launches, the collectives and their payload in bytes, in all-reduces: an all-gather or reduce-scatter
+    of P bytes counts as half an all-reduce of P (a ring moves (W - 1)/W of P through a rank in W - 1 hops)."""
 
     flops: float = 0.0
     weight_bytes: float = 0.0
@@ -122,7 +125,7 @@ class Cost:
     act_bytes: float = 0.0
     kernels: int = 0
     comm_bytes: float = 0.0
-    collectives: int = 0
+    collectives: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -143,7 +146,7 @@ class Cost:
         self.act_bytes += other.act_bytes * times
         self.kernels += int(other.kernels * times)
         self.comm_bytes += other.comm_bytes * times
-        self.collectives += int(other.collectives * times)
+        self.collectives += other.collectives * times
 
 
 def gemm(tokens: int, k: int, n: int, weight_bytes: float, act_bytes: float, kernels: int = 1) -> Cost:
@@ -272,6 +275,8 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
     tokens), the routed experts (MXFP4), and the all-reduce of their partial latents."""
     s, t = m.spec, p.tp
     tokens = sum(q.new_tokens for q in seqs)
+    if mech.sequence_parallel_moe and t > 1:
+        return _moe_layer_sp(m, t, tokens)
     tier = mech.latent_up_tier
     if tier is not None and tokens > tier:
         mech = replace(mech, sharded_latent_up=True)
@@ -296,6 +301,27 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
                    act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
                    comm_bytes=tokens * s.expert_latent * m.act_bytes, collectives=1)
     shared.comm_bytes, shared.collectives = tokens * s.hidden * m.act_bytes, 1
+    return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
+
+
+def _moe_layer_sp(m: SimModel, t: int, tokens: int) -> dict[str, Cost]:
+    """The MoE layer sequence parallel over `t` ranks (moe_dedup sp, `opts/moe_dedup/sequence.py`): a rank routes,
+    down- and up-projects and runs the whole shared MLP on its tokens, T/t (spread evenly: the last rank's zero
+    padding is left out, so that the cost stays linear in T), and its 1/t of the experts on all T; the latents are
+    all-gathered and the experts' sums reduce-scattered ([T, latent] each), the outputs all-gathered ([T, hidden])."""
+    s = m.spec
+    own = tokens / t
+    router = gemm(own, s.hidden, s.num_experts, m.weight_bytes, m.act_bytes)
+    shared = swiglu(m, own, s.moe_intermediate * s.num_shared_experts)
+    latent = Cost.total((gemm(own, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes),
+                         gemm(own, s.expert_latent, s.hidden, m.weight_bytes, m.act_bytes)))
+    per_expert, pairs = expert_params(s), tokens * s.experts_per_token
+    touched = expected_experts(s.num_experts, s.experts_per_token, tokens) * _split(s.num_experts, t,
+                                                                                    "num_experts") / s.num_experts
+    experts = Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=touched * per_expert * m.expert_bytes,
+                   act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
+                   comm_bytes=tokens * s.expert_latent * m.act_bytes, collectives=1.0)    # all-gather + reduce-scatter
+    latent.comm_bytes, latent.collectives = tokens * s.hidden * m.act_bytes / 2, 0.5   # the outputs' all-gather
     return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
 
 

@@ -14,6 +14,7 @@ from ablations.backends.sim.cost import (
     Seq,
     SimModel,
     kernel_time,
+    moe_layer,
     mtp_costs,
     step_costs,
     weights_per_rank,
@@ -161,3 +162,23 @@ def test_bad_parallelism_and_steps_are_named():
         step_costs(SimModel(), Parallel(tp=5), STEP)
     with pytest.raises(ValueError, match=r"Seq: a decode computes 1 token, got 2"):
         Seq(2, 0, "decode")
+
+
+def test_moe_dedup_sp_is_the_packages_sequence_parallel_layer_at_tp8():
+    """sp at TP8 over 1,024 tokens (128 a rank) against moe_dedup's own per-rank counts (`counts.py`, bf16): the
+    GEMMs' and experts' FLOPs, and the bytes a rank puts on the ring (the dispatch's routing ids left out)."""
+    from opts.moe_dedup.counts import IDS_BYTES, mode_counts
+
+    m, tokens, top_k = SimModel(), 1024, SimModel().spec.experts_per_token
+    sp = moe_layer(m, Parallel(tp=8), [Seq(tokens, 0, "prefill")], Mechanisms(sequence_parallel_moe=True))
+    parts = mode_counts("sp", tp=8, num_tokens=tokens, scope="layer").parts
+    assert sp["moe_router"].flops == parts["router"].flops
+    assert sp["moe_shared"].flops == parts["shared"].flops
+    assert sp["moe_latent"].flops == parts["down"].flops + parts["up"].flops
+    assert sp["moe_experts"].flops == pytest.approx(parts["experts"].flops, rel=1e-12)
+    ring = 2 * 7 / 8 * sum(c.comm_bytes for c in sp.values())        # all-reduce equivalents through a ring of 8
+    ids = tokens * top_k * (IDS_BYTES + 2) * 7 / 8
+    assert ring == pytest.approx(sum(p.comm_bytes for p in parts.values()) - ids, rel=1e-12)
+    assert sum(c.collectives for c in sp.values()) == 1.5       # two all-gathers and a reduce-scatter: W - 1 hops each
+    off = moe_layer(m, Parallel(tp=8), [Seq(tokens, 0, "prefill")])
+    assert sp["moe_shared"].weight_bytes == 8 * off["moe_shared"].weight_bytes   # every rank holds the whole shared MLP

@@ -181,9 +181,9 @@ def test_k3_on_h200_at_tp8_does_not_fit_and_says_by_how_much():
 
 
 def test_unmodelled_modes_and_models_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"opts\.moe_dedup: mode 'sp' is not modelled by the simulator yet; valid: "
-                                         r"off, on, tiered"):
-        sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles(moe_dedup="sp"))
+    with pytest.raises(ValueError, match=r"opts\.kda_overlap: mode 'streams' is a GPU mode: a CPU has no streams; "
+                                         r"valid: off, on"):
+        sim_setup(SimBackendConfig(tp=1), "k3_tiny", hardware("cpu"), toggles(kda_overlap="streams"))
     with pytest.raises(ValueError, match=r"opts\.aiter_mla: mode 'on' is not a kernel vLLM has on CUDA; valid: off"):
         sim_setup(SimBackendConfig(), "kimi_k3", hardware("b300_x8"), toggles(aiter_mla="on"))
     with pytest.raises(ValueError, match=r"model: 'k2' is not modelled by backend=sim; valid: kimi_k3, k3_tiny"):

@@ -143,6 +143,18 @@ def test_moe_dedup_tiered_runs_on_above_its_threshold_with_offs_weights():
     assert model["tiered"].time(decode) == model["off"].time(decode) > model["on"].time(decode)
 
 
+def test_moe_dedup_sp_splits_the_moe_tokens_and_holds_the_whole_shared_mlp():
+    """sp: a 2,048-token prefill runs the MoE projections on 256 tokens a rank (faster than off); a decode step reads
+    the whole shared MLP on every rank (slower); every rank holds it: less cache by its 7/8 per MoE layer."""
+    off, sp = setup(), setup(moe_dedup="sp")
+    spec = SimModel().spec
+    shared = 3 * spec.hidden * spec.moe_intermediate * spec.num_shared_experts * 2       # bf16, whole
+    assert off.cache_gb - sp.cache_gb == pytest.approx(93 * shared * 7 / 8 / 1e9, rel=1e-6)
+    prefill, decode = [Seq(2048, 0, "prefill")], [Seq(4, 5000, "verify")] * 3
+    assert sp.steps.models[3].time(prefill) < off.steps.models[3].time(prefill)
+    assert sp.steps.models[3].time(decode) > off.steps.models[3].time(decode)
+
+
 def setup(**modes: str):
     hw, trace = default_case()
     toggles = {name: make_config(name, mode=modes.get(name, "off")) for name in OPTIMIZATIONS}
