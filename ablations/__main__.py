@@ -201,6 +201,8 @@ def run_sweep_cell(cfg: DictConfig, out_dir: Path, result_name: str) -> None:
     except Exception as err:
         text = message(err)
         print(f"error: cell {cfg.ablation.cell}: {text}", file=sys.stderr)
+        if not isinstance(err, ValueError):         # a bug, not bad input: its traceback into the cell's log
+            log.error("cell %s failed", cfg.ablation.cell, exc_info=err)
         detail = str(err).strip().splitlines()[1:]    # e.g. a dead server's log tail
         if detail:
             print("\n".join("  " + line for line in detail), file=sys.stderr)

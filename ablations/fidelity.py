@@ -168,8 +168,7 @@ class SimCells:
 
         def metrics(host: Host) -> dict[str, float]:
             hw = self.hardware_with(host)
-            steps = DraftSteps({k: m.with_host(hw) for k, m in setup.steps.models.items()}, setup.steps.schedule,
-                               setup.steps.configured_k)
+            steps = DraftSteps({k: m.with_host(hw) for k, m in setup.steps.models.items()}, setup.steps.schedule)
             hosted = replace(setup, steps=steps, hardware=hw)
             return run_point(hosted, self.trace, self.backend.concurrency[0], self.backend.seed)["metrics"]
 

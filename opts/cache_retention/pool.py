@@ -256,9 +256,9 @@ class HybridPool:
             if blocks is None:
                 break
             found.append(blocks)
-        matched = len(found)
+        matched = found
         if self.speculative and found:
-            found.pop()
+            found = found[:-1]
         leading = len(found)
         hit = 0
         if self._num_groups[STATE] == 1:
@@ -275,11 +275,12 @@ class HybridPool:
                     break
         if self.resume is not None and previous is not None:
             point = self.resume.point(previous, self.speculative)
-            if hit < point <= prompt - 1 and point // self.block_size <= matched:
+            # the resume point's own checks (state, partial block) stand for vLLM's finer drop with MTP: one unit
+            if hit < point <= prompt - 1 and point // self.block_size <= len(matched):
                 key = prefix_key(request, point, self.chunk_size)
                 if self._lookup(RESUME_STATE, key) is not None and (
                         point % self.block_size == 0 or self._lookup(RESUME_BLOCK, key) is not None):
-                    return point, True, found
+                    return point, True, matched
         return hit, False, found
 
     def blocks_needed(self, request: CacheRequest, hit: int, upto: int | None = None) -> int:
@@ -290,13 +291,21 @@ class HybridPool:
         held = -(-hit // size)
         total = -(-min(request.num_processed_tokens, upto or request.num_processed_tokens) // size)
         need = (total - held) * g.num_attn_groups + (1 if hit else 2) * g.num_state_groups
-        if self.resume is not None and self.resume.at_prompt_tail and request.session is not None:
-            point = self.resume.point(request, self.speculative)
-            if point > max(checkpoints(request.num_prompt_tokens, size, self.speculative), default=0):
-                prompt_blocks = -(-request.num_prompt_tokens // size) - held
-                copies = g.num_state_groups + (g.num_attn_groups if point % size else 0)
-                need = max(need, prompt_blocks * g.num_attn_groups + g.num_state_groups + copies)
+        point = self._prompt_tail(request)
+        if point is not None:
+            prompt_blocks = -(-request.num_prompt_tokens // size) - held
+            copies = g.num_state_groups + (g.num_attn_groups if point % size else 0)
+            need = max(need, prompt_blocks * g.num_attn_groups + g.num_state_groups + copies)
         return need
+
+    def _prompt_tail(self, request: CacheRequest) -> int | None:
+        """prompt_tail: where the request keeps a copy of its state (and partial block) for its session's next
+        turn; None without resume at the prompt tail or a session, or where a block checkpoint holds it."""
+        if self.resume is None or not self.resume.at_prompt_tail or request.session is None:
+            return None
+        point = self.resume.point(request, self.speculative)
+        last = max(checkpoints(request.num_prompt_tokens, self.block_size, self.speculative), default=0)
+        return point if point > last else None
 
     def admit(self, index: int, request: CacheRequest, keys: list, previous: CacheRequest | None,
               now_s: float, upto: int | None = None, readmit: bool = False) -> int | None:
@@ -335,14 +344,16 @@ class HybridPool:
         run = _Running(attn=attn, state=state, num_hashed=num_hit_blocks, session=session)
         self.running[index] = run
         prompt, processed = request.num_prompt_tokens, request.num_processed_tokens
-        ends = sorted(e for e in {leading * size, *checkpoints(prompt, size, self.speculative)} if hit < e < prompt)
+        marks = checkpoints(prompt, size, self.speculative)
+        ends = sorted(e for e in {leading * size, *marks} if hit < e < prompt)
         for end in ends:
             self._step(run, keys, end=end, cache_state=True)
         self._step(run, keys, end=prompt, cache_state=False)
-        tail = None
-        if self.resume is not None and self.resume.at_prompt_tail and session is not None and not readmit:
-            tail = self._keep_prompt_tail(run, request, index)
-        run.stops = tuple(sorted({*ends, *([tail] if tail is not None and hit < tail < prompt else [])}))
+        tail = None if readmit else self._keep_prompt_tail(run, request)
+        # vLLM stops a chunk at the junction, the last checkpoint and the tail; a resend's checkpoint one block
+        # below (MTP, a prompt of whole blocks) is where a chunk ended anyway in the cases modelled
+        stops = {leading * size, max(marks, default=0), *([tail] if tail is not None else [])}
+        run.stops = tuple(sorted(e for e in stops if hit < e < prompt))
         if self.progressive:
             self._name_ahead(index, run, hit)
         run.next_block = -(-prompt // size)
@@ -426,11 +437,11 @@ class HybridPool:
                     same.append(bid)
         run.num_hashed = full
 
-    def _keep_prompt_tail(self, run: _Running, request: CacheRequest, index: int) -> int | None:
+    def _keep_prompt_tail(self, run: _Running, request: CacheRequest) -> int | None:
         """prompt_tail: a copy of the state and of the partial block at the prompt's tail, cached; the tail's
-        position, or None when a block checkpoint holds it already."""
-        point = self.resume.point(request, self.speculative)
-        if point <= max(checkpoints(request.num_prompt_tokens, self.block_size, self.speculative), default=0):
+        position, or None when it keeps none (`_prompt_tail`)."""
+        point = self._prompt_tail(request)
+        if point is None:
             return None
         key = prefix_key(request, point, self.chunk_size)
         copies = [self._alloc(run.session) for _ in range(self.geometry.num_state_groups)]
@@ -441,6 +452,7 @@ class HybridPool:
             for i in range(self.geometry.num_attn_groups):
                 bid = self._alloc(run.session)
                 self._hash(bid, (RESUME_BLOCK, i, key), point)
+                run.states.append((bid, (RESUME_BLOCK, i, key)))
                 copies.append(bid)
         self._free(copies)
         self.checkpoint_bytes += self.geometry.state_bytes
@@ -461,8 +473,9 @@ class HybridPool:
         run.ahead = []
 
     def progress(self, index: int, computed: int) -> None:
-        """progressive: the running request has been scheduled up to token `computed`: what it named up to there
-        can be hit (vLLM caches a chunk's blocks when it schedules the chunk)."""
+        """progressive: the running request has computed its first `computed` tokens: what it named up to there
+        can be hit from now on (vLLM lets a chunk's KDA state be hit from the step after the one that schedules
+        it; its attention blocks already in that step, which only a junction could tell)."""
         run = self.running.get(index)
         if run is None:
             return
@@ -534,18 +547,20 @@ def no_cycle_collection() -> Iterator[None]:
 
 
 def replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_list, *,
-           resume: Resume | None, keys: list[list] | None = None) -> CacheStats:
+           resume: Resume | None, keys: list[list] | None = None, speculative: bool = False) -> CacheStats:
     """Replay `stream` through a pool of `num_blocks` blocks: admissions at arrival, frees at finish, in time
     order. A request that finds too few free blocks waits for finishes (later turns of its session shift by
     the wait); one that cannot fit in the empty pool is a CapacityError naming it. `keys`: the stream's
-    `stream_keys` at the geometry's block size, when several replays share them."""
+    `stream_keys` at the geometry's block size, when several replays share them; `speculative`: MTP configured
+    (`HybridPool`)."""
     with no_cycle_collection():
-        return _replay(stream, geometry, num_blocks, free_list, resume=resume, keys=keys)
+        return _replay(stream, geometry, num_blocks, free_list, resume=resume, keys=keys, speculative=speculative)
 
 
 def _replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_list, *,
-            resume: Resume | None, keys: list[list] | None) -> CacheStats:
-    pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=stream.chunk_size)
+            resume: Resume | None, keys: list[list] | None, speculative: bool) -> CacheStats:
+    pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=stream.chunk_size,
+                      speculative=speculative)
     if hasattr(free_list, "bind"):
         free_list.bind(pool)
     requests = stream.requests

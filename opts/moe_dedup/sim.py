@@ -10,7 +10,7 @@ all-gathered instead of the two all-reduces; every rank holds the whole shared M
 from __future__ import annotations
 
 from opts.base import ToggleConfig
-from opts.sim_setting import SimSetting
+from opts.sim_setting import SimSetting, not_modelled
 from opts.vllm_setting import check_platform
 
 
@@ -23,4 +23,6 @@ def sim_setting(config: ToggleConfig, platform: str) -> SimSetting:
         return SimSetting(sharded_latent_up=True)
     if config.mode == "tiered":
         return SimSetting(latent_up_tier=config.tier_threshold)
-    return SimSetting(sequence_parallel_moe=True)
+    if config.mode == "sp":
+        return SimSetting(sequence_parallel_moe=True)
+    raise not_modelled("moe_dedup", config.mode, ("off", "on", "tiered", "sp"))

@@ -98,8 +98,8 @@ def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int
                 mech: Mechanisms, trace: Trace | None) -> DraftSteps:
     """draft_length's step models and the K of each batch size: its fixed K, or the schedule its chooser picks on
     this node's own c(b, K) at the workload's mean context (on). The fused KDA decode (`fuse_kda_decode`) only
-    without speculation configured (draft_length k0), whatever K the chooser picks: vLLM decides at construction
-    (amd/ops/kda_decode.py)."""
+    when no K is above 0: vLLM then configures no speculation (`opts/draft_length/vllm.py`), and it decides at
+    construction (amd/ops/kda_decode.py)."""
     probes: dict[int, StepModel] = {}
     if setting.draft_schedule is None:
         schedule = fixed_schedule(setting.num_drafts or 0, 1)
@@ -110,10 +110,9 @@ def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int
         probes = {k: build(k, mech) for k in range(setting.num_drafts + 1)}
         schedule = setting.draft_schedule(DecodeSeconds(probes, mean_context(trace)))
     ks = {k for _, _, k in schedule}
-    configured = setting.num_drafts or 0
-    if fuse_kda_decode and not configured:
+    if fuse_kda_decode and ks == {0}:
         return DraftSteps({0: build(0, replace(mech, fused_kda_decode=True))}, schedule)
-    return DraftSteps({k: probes.get(k) or build(k, mech) for k in ks}, schedule, configured)
+    return DraftSteps({k: probes.get(k) or build(k, mech) for k in ks}, schedule)
 
 
 def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConfig,
@@ -153,7 +152,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     steps = draft_steps(drafts, "kda_decode" in fused, build, mech, trace)
     cache = applied["cache_retention"]
     geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
-                           num_spec_tokens=steps.configured_k)
+                           num_spec_tokens=steps.max_k)
     return SimSetup(model, parallel, hardware, steps, geometry, cache_gb, geometry.num_blocks(cache_gb * 1e9),
                     drafts.alphas[:steps.max_k], cache.free_list or LruFreeList, cache.resume,
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))

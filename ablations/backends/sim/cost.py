@@ -276,6 +276,9 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
     s, t = m.spec, p.tp
     tokens = sum(q.new_tokens for q in seqs)
     if mech.sequence_parallel_moe and t > 1:
+        if p.moe != "ep":
+            raise ValueError(f"Parallel.moe: {p.moe!r} with moe_dedup sp; valid: ep (sp runs each rank's 1/tp of "
+                             "the experts whole on every rank's tokens)")
         return _moe_layer_sp(m, t, tokens)
     tier = mech.latent_up_tier
     if tier is not None and tokens > tier:

@@ -160,6 +160,23 @@ def simulate(trace: Trace, model: StepModel | DraftSteps, geometry: CacheGeometr
         return engine.run(_schedule(trace, concurrency))
 
 
+def prefill_chunk(start: int, target: int, budget: int, block_size: int, max_num_batched_tokens: int,
+                  stops: Sequence[int] = ()) -> int:
+    """Tokens a prefill at `start` of `target` computes with `budget` tokens left in the step: vLLM's split for a
+    hybrid model in "align" mode (`scheduler._mamba_block_aligned_split`). A chunk short of the target ends on a
+    block boundary when it crosses one, or when a block fits in a step (then possibly 0: nothing fits); one that
+    starts inside a block stops at its end; none runs past a stop."""
+    end = min(start + budget, target)
+    if end < target:
+        aligned = end // block_size * block_size
+        if aligned > start or block_size <= max_num_batched_tokens:
+            end = aligned
+    inside = [s for s in stops if start < s < end]
+    if start % block_size:
+        inside.append(min((start // block_size + 1) * block_size, end))
+    return max(min(inside, default=end) - start, 0)
+
+
 def cache_requests(trace: Trace) -> list[CacheRequest]:
     """The trace's requests as the pool sees them, in trace order (`continues`: the trace index of the turn a
     request continues); times are the engine's, not these."""
@@ -178,7 +195,7 @@ class _Engine:
         self.trace, self.steps, self.alphas, self.scheduler, self.seed = trace, steps, alphas, scheduler, seed
         self.stretches = stretches
         self.pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=trace.block_size,
-                               speculative=steps.configured_k > 0, progressive=True)
+                               speculative=steps.max_k > 0, progressive=True)
         self.session_aware = hasattr(free_list, "bind")
         if self.session_aware:
             free_list.bind(self.pool)
@@ -216,40 +233,38 @@ class _Engine:
         in "align" mode (`scheduler._mamba_block_aligned_split`): a chunk short of the prompt's end ends on a block
         boundary (when it crosses one, or when a block fits in a step), one starting inside a block stops at its
         end, and none runs past a state the pool caches (`HybridPool.prefill_stops`). 0: none fits."""
-        size, start, target = self.pool.block_size, run.computed, run.target
-        end = min(start + budget, target)
-        if end < target:
-            aligned = end // size * size
-            if aligned > start or size <= self.scheduler.max_num_batched_tokens:
-                end = aligned
-        stops = [s for s in self.pool.prefill_stops(run.rid) if start < s < end]
-        if start % size:
-            stops.append(min((start // size + 1) * size, end))
-        return min(stops, default=end) - start
+        return prefill_chunk(run.computed, run.target, budget, self.pool.block_size,
+                             self.scheduler.max_num_batched_tokens, self.pool.prefill_stops(run.rid))
+
+    def _hit(self, rid: int, request: CacheRequest) -> int:
+        """The cached prefix `request` would get now (nothing allocated)."""
+        r = self.requests[rid]
+        previous = self.requests[r.continues] if r.continues is not None else None
+        return self.pool.find_hit(request, self._keys(rid), previous)[0]
 
     def _grow(self, run: _Run, upto: int) -> bool:
         return self.pool.grow(run.rid, run.request, self._keys(run.rid), upto)
 
-    def _stretch(self, batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int) -> int:
+    def _stretch(self, batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int, waiting: bool) -> int:
         """How many steps from now are alike but for their contexts: none of the batch finishes before the last,
-        and either no prefill runs or one prefill takes the whole budget, in chunks of the same size, without
-        completing (so no admission can happen either)."""
+        and either no prefill runs or one prefill runs chunks of the same size without completing, leaving no
+        budget to a waiting request (a release due cuts the stretch: `run`)."""
         steps = min((run.steps - run.done for run in batch), default=math.inf)
         if chunks:
             (run, chunk), *others = chunks
             remaining = run.target - run.computed
-            if others or budget_left or remaining <= chunk:
+            if others or (budget_left and waiting) or remaining <= chunk:
                 return 1
-            steps = min(steps, self._same_chunks(run, chunk, -(-remaining // chunk) - 1))
+            steps = min(steps, self._same_chunks(run, chunk, chunk + budget_left, -(-remaining // chunk) - 1))
         return max(int(steps), 1)
 
-    def _same_chunks(self, run: _Run, chunk: int, limit: int) -> int:
-        """Steps from now (at most `limit`) in which `run` computes `chunk` tokens each with a budget of `chunk`."""
+    def _same_chunks(self, run: _Run, chunk: int, budget: int, limit: int) -> int:
+        """Steps from now (at most `limit`) in which `run` computes `chunk` tokens each out of `budget`."""
         start, n = run.computed, 1
         try:
             while n < limit:
                 run.computed = start + n * chunk
-                if self._chunk(run, chunk) != chunk:
+                if self._chunk(run, budget) != chunk:
                     break
                 n += 1
         finally:
@@ -368,7 +383,11 @@ class _Engine:
                    and self.stats.num_preemptions == num_preempted):      # vLLM admits nothing in a step that preempts
                 rid, ready = waiting[0]
                 run = preempted.get(rid)
-                hit = self._admit(rid, run.request if run else self.requests[rid], now)
+                request = run.request if run else self.requests[rid]
+                if not prefill_chunk(self._hit(rid, request), request.num_prompt_tokens, budget, pool.block_size,
+                                     sched.max_num_batched_tokens):
+                    break       # vLLM: no block-aligned chunk fits the budget left; the queue waits a step
+                hit = self._admit(rid, request, now)
                 if hit is None:
                     blocked = True
                     break
@@ -381,11 +400,8 @@ class _Engine:
                 running.append(run)
                 prefilling.append(run)
                 chunk = self._chunk(run, budget)
-                if chunk:
-                    chunks.append((run, chunk))
-                    budget -= chunk
-                else:           # vLLM: no block-aligned chunk fits the budget left; the queue waits a step
-                    break
+                chunks.append((run, chunk))
+                budget -= chunk
             if not (batch or chunks):
                 if running:
                     raise RuntimeError(f"sim engine: nothing schedulable at {now:.3f} s with {len(running)} running")
@@ -398,7 +414,7 @@ class _Engine:
             # may change the next one's K
             alike = (self.stretches and self.stats.num_preemptions == num_preempted
                      and self.steps.k(len(running)) == k)
-            steps = self._stretch(batch, chunks, budget) if alike else 1
+            steps = self._stretch(batch, chunks, budget, bool(waiting)) if alike else 1
             num_decodes = len(batch)
             base = sum(run.computed for run in batch)
             context = np.full(steps, float(base))

@@ -300,12 +300,10 @@ class StepModel:
 
 class DraftSteps:
     """The step model of each draft length K a cell runs and the K each batch size gets: vLLM's lookup of
-    `num_speculative_tokens_per_batch_size` (draft_length on), or one K everywhere (`fixed`). `configured_k`: the K
-    vLLM is configured with (`num_speculative_tokens`, at least every K the schedule runs; default the largest):
-    speculation is configured when it is above 0, whatever K a batch size gets."""
+    `num_speculative_tokens_per_batch_size` (draft_length on), or one K everywhere (`fixed`). `max_k`, the largest,
+    is vLLM's `num_speculative_tokens` (no speculation configured when it is 0: `opts/draft_length/vllm.py`)."""
 
-    def __init__(self, models: dict[int, StepModel], schedule: Sequence[Sequence[int]],
-                 configured_k: int | None = None) -> None:
+    def __init__(self, models: dict[int, StepModel], schedule: Sequence[Sequence[int]]) -> None:
         self.schedule = check_schedule(schedule)
         ks = sorted({k for _, _, k in self.schedule})
         missing = [k for k in ks if k not in models or models[k].num_drafts != k]
@@ -313,9 +311,6 @@ class DraftSteps:
             raise ValueError(f"DraftSteps: no step model of K = {missing[0]} for the schedule {self.schedule}")
         self.models = {k: models[k] for k in ks}
         self.max_k = ks[-1]
-        self.configured_k = self.max_k if configured_k is None else configured_k
-        if self.configured_k < self.max_k:
-            raise ValueError(f"DraftSteps.configured_k: {configured_k} is below the schedule's K = {self.max_k}")
         self._his = [hi for _, hi, _ in self.schedule]
 
     @classmethod

@@ -48,9 +48,9 @@ def _modelled(hw: HardwareConfig) -> None:
         raise ValueError(f"hardware {hw.name}: the simulator needs {', '.join(hw.missing_figures)}")
 
 
-def allreduce_s(payload_bytes: float, count: int, tp: int, hw: HardwareConfig) -> float:
-    """`count` ring all-reduces over `tp` ranks moving `payload_bytes` in all: 2·(tp − 1)/tp of the payload over
-    the link, 2·(tp − 1) hops of latency each."""
+def allreduce_s(payload_bytes: float, count: float, tp: int, hw: HardwareConfig) -> float:
+    """`count` ring all-reduces (a gather counting half) over `tp` ranks moving `payload_bytes` in all: 2·(tp − 1)/tp
+    of the payload over the link, 2·(tp − 1) hops of latency each."""
     if tp == 1 or not count:
         return 0.0
     return (2 * (tp - 1) / tp * payload_bytes / (hw.link_bandwidth_gb_s * 1e9)

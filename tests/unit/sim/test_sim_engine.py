@@ -16,7 +16,7 @@ from ablations.__main__ import run
 from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
-from ablations.backends.sim.engine import SchedulerConfig, simulate, trace_keys
+from ablations.backends.sim.engine import SchedulerConfig, prefill_chunk, simulate, trace_keys
 from ablations.backends.sim.step_model import DraftSteps, StepModel
 from ablations.config import compose_app, sim_wired
 from ablations.workload.generate import generate
@@ -24,7 +24,7 @@ from ablations.workload.presets import preset
 from ablations.workload.trace import Request, Trace
 from opts.cache_retention.free_list import LruFreeList
 from opts.cache_retention.geometry import k3_geometry
-from opts.cache_retention.pool import CapacityError
+from opts.cache_retention.pool import CapacityError, Resume
 from opts.draft_length.acceptance import expected_tokens
 from opts.registry import OPTIMIZATIONS, make_config
 
@@ -260,3 +260,31 @@ def test_every_cache_retention_mode_is_a_wired_toggle_of_the_simulator():
     for mode in ("on", "evict", "resume"):
         assert "cache_retention" in sim_wired("rocm", {"on": {"cache_retention": mode}})
     assert "aiter_mla" in sim_wired("rocm") and "aiter_mla" not in sim_wired("cuda")
+
+
+@pytest.mark.parametrize(("start", "target", "budget", "block", "max_tokens", "stops", "chunk"), [
+    (0, 300, 64, 128, 64, (), 64),              # a block wider than a step: the sub-block chunk is kept
+    (256, 300, 64, 128, 64, (), 44),            # the prompt's end
+    (0, 300, 64, 128, 64, (32,), 32),           # a state to cache (junction, checkpoint, prompt tail)
+    (272, 400, 64, 128, 64, (), 64),            # inside a block, past its end: kept, then ...
+    (336, 400, 64, 128, 64, (), 48),            # ... stopped at the block's end
+    (0, 20_000, 8192, 768, 8192, (), 7680),     # K3's blocks fit a step: chunks end on them
+    (1706, 20_000, 50, 768, 8192, (), 0),       # nothing block-aligned fits what is left: vLLM's 0, never below
+    (1706, 20_000, 50, 128, 64, (), 50),
+])
+def test_prefill_chunks_are_vllms_block_aligned_split(start, target, budget, block, max_tokens, stops, chunk):
+    assert prefill_chunk(start, target, budget, block, max_tokens, stops) == chunk
+
+
+def test_a_budget_left_under_a_block_prices_stretches_as_steps():
+    """K3's 768-token blocks under an 800-token budget, turns resumed at their ends (inside a block): a chunk or an
+    admission that no block-aligned chunk fits waits, step by step and in stretches alike."""
+    kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=800), "concurrency": 3, "resume": Resume()}
+    geometry = k3_geometry(num_spec_tokens=3)
+    fast, fast_stats = simulate(agentx(3), steps(3), geometry, 2400, LruFreeList(), alphas=ALPHAS, **kw)
+    slow, slow_stats = simulate(agentx(3), steps(3), geometry, 2400, LruFreeList(), alphas=ALPHAS, stretches=False,
+                                **kw)
+    assert fast_stats.num_steps == slow_stats.num_steps and fast_stats.num_stretch_steps > fast_stats.num_steps / 2
+    for a, b in zip(fast, slow, strict=True):
+        assert a.cached_tokens == b.cached_tokens
+        assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9)

@@ -82,3 +82,15 @@ def test_progressive_names_nothing_hittable_before_its_chunk_is_scheduled():
     pool.progress(0, 300)
     assert not [b for b in pool.ahead if pool.ahead[b] == 0]
     assert pool.admit(2, same[2], keys[2], None, 0.0, upto=300) == 256
+
+
+def test_with_mtp_a_turn_end_resume_holds_every_block_before_its_point():
+    """turn_end resume at 399 (turn 0's 300 + 100 - 1 computed tokens): the hit holds the three cached blocks before
+    it and the partial block, whatever block the attention lookup drops for MTP."""
+    pool = _pool(True, Resume())
+    first, second = _turns("S")
+    pool.admit(0, first, request_keys(first, 0, 128, 1), None, 0.0)
+    pool.finish(0, first, 1.0)
+    assert pool.admit(1, second, request_keys(second, 1, 128, 1), first, 2.0) == 399
+    held = pool.running[1].attn[0]
+    assert [pool.depth.get(b) for b in held[:3]] == [128, 256, 384] and all(pool.ref[b] for b in held)
