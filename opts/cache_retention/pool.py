@@ -105,7 +105,7 @@ class _Running:
     num_hashed: int
     session: str | None
     next_block: int = 0     # the decode block `grow` allocates next (its index k: tokens k·B + 1 onward)
-    stops: tuple[int, ...] = ()     # where its prefill's chunks must end: the states it caches (`prefill_stops`)
+    stops: tuple[int, ...] = ()     # where its prefill's chunks must end (`prefill_stops`)
     ahead: list[tuple[int, int]] = field(default_factory=list)     # (depth, block) named before being computed
     states: list[tuple[int, tuple]] = field(default_factory=list)     # the states it named: (block, name)
 
@@ -469,9 +469,12 @@ class HybridPool:
 
     def _forget_ahead(self, index: int, run: _Running) -> None:
         for _, b in run.ahead:
-            if self.ahead.get(b) == index:
-                del self.ahead[b]
+            self._release(index, b)
         run.ahead = []
+
+    def _release(self, index: int, bid: int) -> None:
+        if self.ahead.get(bid) == index:        # not evicted and named again since
+            del self.ahead[bid]
 
     def progress(self, index: int, computed: int) -> None:
         """progressive: the running request has computed its first `computed` tokens: what it named up to there
@@ -482,13 +485,11 @@ class HybridPool:
             return
         ahead = run.ahead
         while ahead and ahead[0][0] <= computed:
-            _, b = ahead.pop(0)
-            if self.ahead.get(b) == index:
-                del self.ahead[b]
+            self._release(index, ahead.pop(0)[1])
 
     def prefill_stops(self, index: int) -> tuple[int, ...]:
-        """Where the running request's prefill chunks must end (vLLM's `_mamba_block_aligned_split` stops): each
-        state it caches (a junction, the prompt's checkpoints, a prompt tail)."""
+        """Where the running request's prefill chunks must end (vLLM's `_mamba_block_aligned_split` stops): a
+        junction, the prompt's last checkpoint, a prompt tail."""
         return self.running[index].stops
 
     def finish(self, index: int, request: CacheRequest, now_s: float) -> None:
@@ -548,20 +549,18 @@ def no_cycle_collection() -> Iterator[None]:
 
 
 def replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_list, *,
-           resume: Resume | None, keys: list[list] | None = None, speculative: bool = False) -> CacheStats:
+           resume: Resume | None, keys: list[list] | None = None) -> CacheStats:
     """Replay `stream` through a pool of `num_blocks` blocks: admissions at arrival, frees at finish, in time
     order. A request that finds too few free blocks waits for finishes (later turns of its session shift by
     the wait); one that cannot fit in the empty pool is a CapacityError naming it. `keys`: the stream's
-    `stream_keys` at the geometry's block size, when several replays share them; `speculative`: MTP configured
-    (`HybridPool`)."""
+    `stream_keys` at the geometry's block size, when several replays share them."""
     with no_cycle_collection():
-        return _replay(stream, geometry, num_blocks, free_list, resume=resume, keys=keys, speculative=speculative)
+        return _replay(stream, geometry, num_blocks, free_list, resume=resume, keys=keys)
 
 
 def _replay(stream: CacheStream, geometry: CacheGeometry, num_blocks: int, free_list, *,
-            resume: Resume | None, keys: list[list] | None, speculative: bool) -> CacheStats:
-    pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=stream.chunk_size,
-                      speculative=speculative)
+            resume: Resume | None, keys: list[list] | None) -> CacheStats:
+    pool = HybridPool(geometry, num_blocks, free_list, resume=resume, chunk_size=stream.chunk_size)
     if hasattr(free_list, "bind"):
         free_list.bind(pool)
     requests = stream.requests

@@ -228,12 +228,9 @@ class _Engine:
         return pool.admit(rid, request, self._keys(rid), previous, now, upto=request.num_prompt_tokens,
                           readmit=request is not r)
 
-    def _chunk(self, run: _Run, budget: int) -> int:
-        """The prefill tokens `run` computes this step with `budget` tokens left: vLLM's split for a hybrid model
-        in "align" mode (`scheduler._mamba_block_aligned_split`): a chunk short of the prompt's end ends on a block
-        boundary (when it crosses one, or when a block fits in a step), one starting inside a block stops at its
-        end, and none runs past a state the pool caches (`HybridPool.prefill_stops`). 0: none fits."""
-        return prefill_chunk(run.computed, run.target, budget, self.pool.block_size,
+    def _chunk(self, run: _Run, budget: int, start: int | None = None) -> int:
+        """`prefill_chunk` of `run` from `start` (default: what it has computed) with `budget` tokens left."""
+        return prefill_chunk(run.computed if start is None else start, run.target, budget, self.pool.block_size,
                              self.scheduler.max_num_batched_tokens, self.pool.prefill_stops(run.rid))
 
     def _hit(self, rid: int, request: CacheRequest) -> int:
@@ -260,15 +257,9 @@ class _Engine:
 
     def _same_chunks(self, run: _Run, chunk: int, budget: int, limit: int) -> int:
         """Steps from now (at most `limit`) in which `run` computes `chunk` tokens each out of `budget`."""
-        start, n = run.computed, 1
-        try:
-            while n < limit:
-                run.computed = start + n * chunk
-                if self._chunk(run, budget) != chunk:
-                    break
-                n += 1
-        finally:
-            run.computed = start
+        n = 1
+        while n < limit and self._chunk(run, budget, run.computed + n * chunk) == chunk:
+            n += 1
         return n
 
     def _grow_stretch(self, batch: list[_Run], steps: int, q: int) -> int:

@@ -270,9 +270,12 @@ class StepModel:
     def _sharded(self, rows: np.ndarray) -> np.ndarray:
         """[steps, passes]: which passes run the sharded tail (tiered): the target's and the MTP's first by the
         step's tokens, the later MTP passes by their own (one per decoding request)."""
-        step = rows[:, list(TOKEN_FEATURES)].sum(axis=1) > self.tier
         draft = rows[:, NUM_FEATURES + TOKEN_FEATURES[1]] > self.tier
-        return np.where(self._later, draft[:, None], step[:, None])
+        return np.where(self._later, draft[:, None], self._step_sharded(rows)[:, None])
+
+    def _step_sharded(self, rows: np.ndarray) -> np.ndarray:
+        """[steps]: whether each step's own tokens are above the tier."""
+        return rows[:, list(TOKEN_FEATURES)].sum(axis=1) > self.tier
 
     def rooflines(self, rows: np.ndarray) -> np.ndarray:
         """The steps' physical lower bounds (`timing.roofline_s` of their costs): no step is ever faster (tiered:
@@ -281,8 +284,7 @@ class StepModel:
         if self.tier is None:
             return bound
         roof_flops, roof_bytes = self._high[2:]
-        step = rows[:, list(TOKEN_FEATURES)].sum(axis=1) > self.tier
-        return np.where(step, np.maximum(rows @ roof_flops, rows @ roof_bytes), bound)
+        return np.where(self._step_sharded(rows), np.maximum(rows @ roof_flops, rows @ roof_bytes), bound)
 
     def time(self, seqs: Sequence[Seq]) -> float:
         """Seconds of one step holding `seqs`."""
