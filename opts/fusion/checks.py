@@ -4,56 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from opts.fusion.inputs import AttnResLayer, AttnResStep, KdaDecodeLayer, KdaDecodeStep, MlaNormLayer
+from opts.fusion.inputs import AttnResLayer, AttnResStep
 
 
 def _expect(name: str, x: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
     if tuple(x.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape} ({what}), got {tuple(x.shape)}")
-
-
-def _expect_last_dim_contiguous(name: str, x: torch.Tensor) -> None:
-    if x.stride(-1) != 1:
-        raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(x.stride())}")
-
-
-def check_mla_norm(layer: MlaNormLayer, qkv_lora: torch.Tensor, q_out: torch.Tensor | None = None,
-                   kv_out: torch.Tensor | None = None) -> None:
-    width = layer.q_lora_rank + layer.kv_lora_rank + layer.rope_dim
-    if qkv_lora.dim() != 2 or qkv_lora.shape[1] != width:
-        raise ValueError(f"qkv_lora: expected [tokens, {width}] (q_lora {layer.q_lora_rank} + kv_lora "
-                         f"{layer.kv_lora_rank} + rope {layer.rope_dim}), got {tuple(qkv_lora.shape)}")
-    _expect_last_dim_contiguous("qkv_lora", qkv_lora)
-    n = qkv_lora.shape[0]
-    if q_out is not None:
-        _expect("q_out", q_out, (n, layer.q_lora_rank), "tokens, q_lora")
-    if kv_out is not None:
-        _expect("kv_out", kv_out, (n, layer.kv_lora_rank), "tokens, kv_lora")
-
-
-def check_kda_decode(layer: KdaDecodeLayer, step: KdaDecodeStep, out: torch.Tensor) -> None:
-    h, d = layer.num_heads, layer.head_dim
-    width = layer.conv_weight.shape[-1]
-    if step.mixed_qkv.dim() != 2 or step.mixed_qkv.shape[1] != 3 * h * d:
-        raise ValueError(f"mixed_qkv: expected [tokens, {3 * h * d}] (q|k|v, {h} heads x {d}), "
-                         f"got {tuple(step.mixed_qkv.shape)}")
-    _expect_last_dim_contiguous("mixed_qkv", step.mixed_qkv)
-    n = step.mixed_qkv.shape[0]
-    _expect("conv_weight", layer.conv_weight, (3 * h * d, width), "channels, conv width")
-    _expect("dt_bias", layer.dt_bias, (h * d,), "heads x head_dim")
-    _expect("raw_g", step.raw_g, (n, h, d), "tokens, heads, head_dim")
-    _expect("raw_beta", step.raw_beta, (n, h), "tokens, heads")
-    _expect("output_gate", step.output_gate, (n, h, d), "tokens, heads, head_dim")
-    _expect("conv_state", step.conv_state, (n, 3 * h * d, width - 1), "tokens, channels, conv width - 1")
-    _expect("state", step.state, (n, h, d, d), "tokens, heads, dv, dk")
-    _expect("out", out, (n, h, d), "tokens, heads, head_dim")
-    for name, x in (("raw_g", step.raw_g), ("output_gate", step.output_gate)):
-        _expect_last_dim_contiguous(name, x)
-    if step.state.dtype != torch.float32 and step.state.dtype != torch.float64:
-        raise ValueError(f"state: expected fp32 (K3 keeps the recurrent state in fp32), got {step.state.dtype}")
-    for name, x in (("state", step.state), ("conv_state", step.conv_state), ("out", out)):
-        if not x.is_contiguous():
-            raise ValueError(f"{name}: must be contiguous (updated in place), got strides {tuple(x.stride())}")
 
 
 def check_attn_res(layer: AttnResLayer, step: AttnResStep, out: torch.Tensor | None = None) -> None:
@@ -116,3 +72,5 @@ def check_kda_decode_slots(x, conv_pool, conv_weight, raw_g, raw_beta, A_log, dt
     _expect("norm_weight", norm_weight, (dim,), "head_dim")
     if slots.dtype.is_floating_point:
         raise ValueError(f"slots: expected an integer tensor, got {slots.dtype}")
+    if state_pool.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"state_pool: expected fp32 (K3 keeps the recurrent state in fp32), got {state_pool.dtype}")

@@ -1,5 +1,6 @@
-"""Compiled passes (the fused ones of `fused.py`, the per-stage ones of `naive.py`): each body compiled by
-inductor once per input signature, then called without any guard evaluation.
+"""Compiled passes for exact shapes (the attention residual's: `fused.py`, `counterfactual.py` and the RMSNorm of
+`naive.py` it uses): each body compiled by inductor once per input signature, then called without any guard
+evaluation. The toggled mechanisms' passes are compiled for any token count instead (`dynamic.py`).
 
 A body is traced with fake tensors (so tracing touches no real state) into an aten graph and compiled by
 `torch._inductor.compile`. Calls look the compiled graph up by the tensors' shapes, strides, dtypes,
@@ -30,14 +31,15 @@ def _signature(arg: Any) -> tuple:
 
 
 def trace(body: Callable, args: Sequence[Any]) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
-    """`body(*args)` as an aten graph of its tensor arguments (the rest baked in as constants)."""
+    """`body(*args)` as an aten graph of its tensor arguments (the rest baked in as constants), returning what
+    `body` returns."""
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
-    def bound(*tensors: torch.Tensor) -> None:
+    def bound(*tensors: torch.Tensor) -> Any:
         full = list(args)
         for i, t in zip(positions, tensors, strict=True):
             full[i] = t
-        body(*full)
+        return body(*full)
 
     tensors = [args[i] for i in positions]
     return make_fx(bound, tracing_mode="fake")(*tensors), tensors

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from opts.fusion.compiled import INDUCTOR_OPTIONS
 
@@ -48,7 +49,10 @@ class DynamicPass:
             args[i] = args[i][...]          # an alias: the marks stay off the caller's tensor
         for i, dim in self.dims:
             torch._dynamo.maybe_mark_dynamic(args[i], dim)
-        return self._fn(*args)
+        if not torch._C._len_torch_dispatch_stack():
+            return self._fn(*args)
+        with _disable_current_modes():    # past the dispatcher, as compiled.py's passes: modes see no op inside
+            return self._fn(*args)
 
 
 def dynamic(body: Callable, token_args: Sequence[int], widths: Sequence[tuple[int, int]] = ()) -> DynamicPass:

@@ -1,6 +1,7 @@
-"""On in vLLM's calling conventions: the fused passes `vllm.py`'s on patches run inside an engine.
+"""On: the fused passes, in vLLM's calling conventions — what the fusion toggle's on patches run inside a
+vLLM-CPU engine (`vllm.py`) and what the microbenchmark times (`cases.py`), one implementation per pass.
 
-The math is `stages.py`'s and `opts.k3`'s, as in `fused.py`; what differs is the calling convention:
+The math is `stages.py`'s and `opts.k3`'s:
 - `q_kv_rms_norm_fused` has the signature of vLLM's `fused_q_kv_rmsnorm` (models/common/ops/fused_qk_rmsnorm.py):
   the q and kv latents as two views, two new output tensors;
 - `kda_decode_slots_fused` reads the conv and recurrent states from vLLM's slot pools through the step's slot

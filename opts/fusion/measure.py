@@ -1,8 +1,9 @@
 """Measured traffic of one call: bytes read and written per op, kernels launched, memory allocated.
 
 Three independent instruments, used by the tests to check the analytic counts in `traffic.py`:
-- `count_ops` (a TorchDispatchMode): every top-level aten op reads its tensor inputs and writes its outputs;
-  it sees eager ops and allocations only (a compiled pass runs its kernel past the dispatcher);
+- `count_ops` (a TorchDispatchMode): every top-level aten op reads its tensor inputs and writes its outputs
+  (`index_put_`: its indices and values, and the rows it writes); it sees eager ops and allocations only (a
+  compiled pass runs its kernel past the dispatcher, `dynamic.py`'s with the modes suspended);
 - `profile_call` (torch.profiler): top-level data-moving aten ops and compiled kernels, and the bytes the
   allocator handed out (profile_memory), compiled passes' buffers included;
 - `inductor_account`: inductor's own account of what its fused nodes read and write, and the intermediate
@@ -93,6 +94,11 @@ class _Counter(TorchDispatchMode):
         mutates = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
         if any(r.alias_info is not None for r in schema.returns) and not any(mutates):
             return result                                   # a view: no data moves
+        if name == "index_put_":                            # a scatter: reads indices and values, writes the rows
+            values, indices = args[2], [t for t in args[1] if t is not None]
+            read = sum(map(tensor_bytes, indices)) + tensor_bytes(values)
+            self.traffic.ops.append(OpTraffic(name, read, tensor_bytes(values)))
+            return result
         reads: dict[tuple, int] = {}
         writes: dict[tuple, int] = {}
         for i, arg in enumerate(schema.arguments):

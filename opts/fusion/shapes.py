@@ -33,6 +33,21 @@ class KdaDecodeShape:
         """Conv channels: q, k and v, each heads x head_dim."""
         return 3 * self.num_heads * self.head_dim
 
+    @property
+    def projection_width(self) -> int:
+        """Row width of the in_proj output the step's activations are views of: q|k|v, output gate, f_a, beta."""
+        return self.channels + self.num_heads * self.head_dim + self.head_dim + self.num_heads
+
+    @property
+    def gate_offset(self) -> int:
+        """Where the output gate starts in a projection row."""
+        return self.channels
+
+    @property
+    def beta_offset(self) -> int:
+        """Where the beta logits start in a projection row."""
+        return self.channels + self.num_heads * self.head_dim + self.head_dim
+
 
 @dataclass(frozen=True)
 class MlaNormShape:

@@ -1,6 +1,7 @@
 """fusion in the simulator: on, the mechanisms it lists run as one fused kernel each; off, vLLM's separate passes.
 The kernels and bytes of both paths come from this package's traffic accounting (`traffic.py`), at the sizes the
-simulator asks for, each pass streaming its inputs and outputs (a GPU kernel keeps its intermediates on chip).
+simulator asks for, as GPU kernels run them: each pass streams its inputs and outputs (intermediates on chip) and
+writes its new state rows to their slots itself (no store kernel).
 
 The simulator decides where each path runs: the fused KDA decode only in a step that decodes and prefills nothing,
 and never once speculation is configured (vLLM checks at construction: `amd/ops/kda_decode.py`, `num_spec != 0`)."""
@@ -50,19 +51,20 @@ def _dtype(nbytes: float) -> torch.dtype:
 
 
 def _stage(path: PathCost) -> StageTraffic:
-    return StageTraffic(path.kernels, float(path.streamed_bytes))
+    return StageTraffic(path.streamed_kernels, float(path.streamed_bytes))
 
 
 def kda_decode_traffic(num_tokens: int, num_heads: int, head_dim: int, conv_width: int, act_bytes: float,
                        fused: bool) -> StageTraffic:
     """The KDA decode of `num_tokens` one-token requests on a rank holding `num_heads` heads: conv update,
     recurrent update and gated RMSNorm with the copies between them (off), or one fused kernel (on)."""
-    pair = kda_decode_cost(KdaDecodeShape(num_tokens, num_heads, head_dim, conv_width), _dtype(act_bytes))
+    pair = kda_decode_cost(KdaDecodeShape(num_tokens, num_heads, head_dim, conv_width), _dtype(act_bytes),
+                           one_row_as_two=False)
     return _stage(pair.on if fused else pair.off)
 
 
 def mla_norm_traffic(num_tokens: int, q_lora_rank: int, kv_lora_rank: int, act_bytes: float,
                      fused: bool) -> StageTraffic:
     """The RMSNorms of the MLA q and kv latents over `num_tokens` tokens: two passes (off) or one (on)."""
-    pair = mla_norm_cost(MlaNormShape(num_tokens, q_lora_rank, kv_lora_rank), _dtype(act_bytes))
+    pair = mla_norm_cost(MlaNormShape(num_tokens, q_lora_rank, kv_lora_rank), _dtype(act_bytes), one_row_as_two=False)
     return _stage(pair.on if fused else pair.off)

@@ -101,11 +101,13 @@ FUSED = Mechanisms(fused_kda_decode=True, fused_mla_norm=True)
 
 def test_fusion_on_fuses_the_kda_decode_of_a_step_that_only_decodes():
     """Off: conv, recurrence, copy, gated norm, copy (5 kernels); on: one. Each pass streams its inputs and outputs,
-    so fusing drops the conv output (written and read: 2 x 4 x 4608 bf16) and the recurrence output's trips
-    through the copies and the norm (6 x 4 x 1536 bf16): 147,456 B per layer. FLOPs and the state are the same."""
+    so fusing drops the conv output (written and read: 2 x 4 x 4608 bf16), the recurrence output's trips
+    through the copies and the norm (6 x 4 x 1536 bf16) and the recurrence's second read of the slot indices
+    (4 int32): 147,472 B per layer. FLOPs and the state are the same."""
     off, on = step_costs(SimModel(), Parallel(), STEP), step_costs(SimModel(), Parallel(), STEP, FUSED)
     assert (off["kda_recurrent"].kernels, on["kda_recurrent"].kernels) == (69 * 5, 69 * 1)
-    assert off["kda_recurrent"].bytes - on["kda_recurrent"].bytes == 69 * (2 * 4 * 4608 * 2 + 6 * 4 * 1536 * 2)
+    assert off["kda_recurrent"].bytes - on["kda_recurrent"].bytes == 69 * (
+        2 * 4 * 4608 * 2 + 6 * 4 * 1536 * 2 + 4 * 4)
     assert on["kda_recurrent"].cache_bytes == off["kda_recurrent"].cache_bytes
     assert on["kda_recurrent"].flops == off["kda_recurrent"].flops
     # beside a prefill chunk vLLM runs its general path: the separate passes

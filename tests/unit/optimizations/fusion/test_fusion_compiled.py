@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from opts.fusion import MlaNormShape, make_mla_norm, mla_norm_fused
+from opts.fusion import AttnResShape, attn_res_fused, make_attn_res
 from opts.fusion.compiled import _signature, compiled
-from opts.fusion.fused import _mla_norm_body
+from opts.fusion.fused import _attn_res_body
 
 
 def test_signature_tells_apart_what_changes_the_code():
@@ -19,15 +19,12 @@ def test_signature_tells_apart_what_changes_the_code():
 
 
 def test_same_signature_reuses_the_graph_and_writes_fresh_results():
-    shape = MlaNormShape(3, 96, 40, 8)                                     # as in the correctness tests
-    fused = compiled(_mla_norm_body)
-    q_out = torch.empty(3, 96, dtype=torch.bfloat16)
-    kv_out = torch.empty(3, 40, dtype=torch.bfloat16)
-    layer, qkv = make_mla_norm(shape, torch.bfloat16, seed=1)
-    mla_norm_fused(layer, qkv, q_out, kv_out)
+    shape = AttnResShape(3, 3, hidden=48, max_blocks=5, has_delta=True)   # as in the correctness tests
+    fused = compiled(_attn_res_body)
+    layer, step = make_attn_res(shape, torch.bfloat16, seed=1)
+    first = attn_res_fused(layer, step.clone())
     graphs = fused.num_graphs
-    first = q_out.clone()
-    _, qkv_other = make_mla_norm(shape, torch.bfloat16, seed=2)
-    mla_norm_fused(layer, qkv_other, q_out, kv_out)
+    _, other = make_attn_res(shape, torch.bfloat16, seed=2)
+    second = attn_res_fused(layer, other.clone())
     assert fused.num_graphs == graphs
-    assert not torch.equal(first, q_out)
+    assert not torch.equal(first, second)

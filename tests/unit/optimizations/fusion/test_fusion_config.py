@@ -10,10 +10,10 @@ from opts.fusion import (
     MECHANISMS,
     FusionConfig,
     implementation,
-    kda_decode_fused,
-    kda_decode_unfused,
-    mla_norm_fused,
-    mla_norm_unfused,
+    kda_decode_slots_fused,
+    kda_decode_slots_unfused,
+    q_kv_rms_norm,
+    q_kv_rms_norm_fused,
 )
 from opts.fusion.cases import bench_cases
 from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
@@ -25,10 +25,10 @@ def test_config_modes_and_mechanisms():
     assert all(on.is_fused(m) for m in MECHANISMS)
     partial = FusionConfig.from_dict({"mode": "on", "mechanisms": ["mla_norm"]})
     assert partial.mechanisms == ("mla_norm",)
-    assert implementation(partial, "mla_norm") is mla_norm_fused
-    assert implementation(partial, "kda_decode") is kda_decode_unfused
-    assert implementation(FusionConfig(mode="off"), "mla_norm") is mla_norm_unfused
-    assert implementation(on, "kda_decode") is kda_decode_fused
+    assert implementation(partial, "mla_norm") is q_kv_rms_norm_fused
+    assert implementation(partial, "kda_decode") is kda_decode_slots_unfused
+    assert implementation(FusionConfig(mode="off"), "mla_norm") is q_kv_rms_norm
+    assert implementation(on, "kda_decode") is kda_decode_slots_fused
 
 
 @pytest.mark.parametrize(("values", "message"), [
