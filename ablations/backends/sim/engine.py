@@ -426,6 +426,9 @@ class _Engine:
             if steps > 1:       # the blocks the stretch's later verifications need, or fewer steps
                 steps = max(1, self._grow_stretch(batch, steps, q))
             durations, rows = durations[:steps], rows[:steps]
+            if not self.stats.num_steps and model.first_step_s:       # the host's one-time work (hardware.py)
+                durations = durations.copy()
+                durations[0] += model.first_step_s
             self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
                                                 float((durations / model.rooflines(rows)).min()))
             now += float(durations.sum())

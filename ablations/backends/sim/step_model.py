@@ -200,13 +200,14 @@ class StepModel:
     def _host(self, hw: HardwareConfig) -> None:
         # the host's work: per step, and per token the step schedules (its prefill and its decode tokens)
         self.host_s = host_seconds(hw, 0)
+        self.first_step_s = hw.host_first_step_us * 1e-6
         self._fixed = self._device_fixed.copy()
         self._fixed[list(TOKEN_FEATURES)] += host_seconds(hw, 1) - self.host_s
 
     def with_host(self, hw: HardwareConfig) -> StepModel:
         """This model with `hw`'s host overheads (the rest of `hw` unread): a fit of them re-prices nothing else."""
         other = copy.copy(self)
-        host = ("host_overhead_us", "host_us_per_token")
+        host = ("host_overhead_us", "host_us_per_token", "host_first_step_us")
         sources = {**self.hw.sources, **{k: v for k, v in hw.sources.items() if k in host}}
         other.hw = replace(self.hw, **{k: getattr(hw, k) for k in host}, sources=sources)
         other._host(other.hw)

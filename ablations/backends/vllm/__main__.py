@@ -234,6 +234,7 @@ def toggle_overrides(items: list[str]) -> dict[str, dict]:
 def cmd_patches(args: argparse.Namespace) -> int:
     from ablations.backends.vllm.cpu import PATCHES
     from ablations.backends.vllm.plugin import SHUTDOWN_PATCHES
+    from ablations.backends.vllm.steps import STEP_PATCHES
     from ablations.backends.vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH, toggle_patches
     from opts.registry import parse_vector
 
@@ -244,10 +245,11 @@ def cmd_patches(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     fixes = PATCHES if args.platform == "cpu" else []
     rows = [(patch.target, patch.why + (f" [counted: {patch.counter}]" if patch.counter else ""))
-            for patch in [*SHUTDOWN_PATCHES, *fixes, SCHEDULER_PATCH, WORKER_PATCH, *toggled]]
+            for patch in [*SHUTDOWN_PATCHES, *fixes, *STEP_PATCHES, SCHEDULER_PATCH, WORKER_PATCH, *toggled]]
     shown = ", ".join(f"{name}={config.mode}" for name, config in vector.items()) or "none"
     print(f"{len(rows)} patches on {args.platform} with toggles {shown}: "
-          f"{len(SHUTDOWN_PATCHES)} on every platform, {len(fixes)} CPU fixes, the toggle hooks, "
+          f"{len(SHUTDOWN_PATCHES)} on every platform, {len(fixes)} CPU fixes, {len(STEP_PATCHES)} step records, "
+          "the toggle hooks, "
           f"{len(toggled)} from the toggles, installed where a worker or a scheduler is built (target -> why):")
     width = max(len(target) for target, _ in rows)
     for target, why in rows:

@@ -14,6 +14,7 @@ from typing import Any
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
 from ablations.backends.vllm.engine import EngineConfig, engine_config, engine_kwargs, open_llm
+from ablations.backends.vllm.steps import read_steps
 from ablations.backends.vllm.timed_replay import ReplayLimits, timed_replay
 from ablations.backends.vllm.toggles import read_records
 from ablations.metrics import cell_metrics
@@ -63,7 +64,7 @@ def run_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, 
              workload: WorkloadConfig, model_cache: str = "") -> dict[str, Any]:
     """Start the engine for `toggles`, replay the workload's first `backend.num_requests` requests by its
     schedule, stop it; the cell's result. Every vLLM process writes its counts and patch record under
-    `out_dir/vllm_processes`."""
+    `out_dir/vllm_processes`, the scheduler's process its steps (`steps.py`)."""
     cfg = engine_config(backend, model, toggles, model_cache)
     cut = first_requests(trace, backend.num_requests)
     schedule = build_schedule(workload, cut)
@@ -113,4 +114,5 @@ def run_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, 
         "kernel_counts": counts,
         "fired": fired(cfg, counts),
         "processes": read_records(process_dir),
+        "steps": read_steps(process_dir),
     }

@@ -2,9 +2,9 @@
 
 It checks the vLLM version it was written against, makes a planned server shutdown end without an
 EngineDeadError traceback (any platform), on a CPU platform installs the project's CPU path for Kimi K3
-(`cpu/`), and hooks worker construction so that the toggle vector in `additional_config["k3_ablate"]`
-installs its patches on top (`toggles.py`). Each process records what it installed (`toggles.write_record`).
-Loading twice in one process is harmless.
+(`cpu/`), records the scheduler's steps (`steps.py`, where a cell asks for it), and hooks worker construction so
+that the toggle vector in `additional_config["k3_ablate"]` installs its patches on top (`toggles.py`). Each
+process records what it installed (`toggles.write_record`). Loading twice in one process is harmless.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def register() -> None:
         from ablations.backends.vllm.cpu import install
 
         install()
+    from ablations.backends.vllm.steps import STEP_PATCHES
     from ablations.backends.vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH, write_record
 
-    install_all([SCHEDULER_PATCH, WORKER_PATCH])
+    install_all([*STEP_PATCHES, SCHEDULER_PATCH, WORKER_PATCH])
     write_record()

@@ -58,6 +58,44 @@ def test_the_host_fit_recovers_the_overheads_a_throughput_and_interactivity_came
         fidelity.fit_host(metrics, 1e9, 10.0)
 
 
+def _recorded(per_step_s: float, per_token_s: float, gap_s: float, kernel_s, first_s: float = 0.0) -> list[dict]:
+    """Steps as steps.read_steps gives them: a prefill chunk beside 0-3 decodes, then decodes alone; the first
+    step `first_s` longer."""
+    out, t = [], 0.0
+    for i in range(12):
+        requests = ([[64 * (i % 3 + 1), 0, 512, 0]] if i < 6 else []) + [[1, 600, 500, 0]] * (i % 4 + 1)
+        tokens = sum(r[0] for r in requests)
+        end = t + kernel_s(requests) + per_step_s + per_token_s * tokens + (first_s if i == 0 else 0.0)
+        out.append({"start": t, "end": end, "requests": requests})
+        t = end + gap_s
+    return out
+
+
+def test_the_step_fit_recovers_the_host_costs_the_steps_were_timed_with():
+    def kernel_s(requests):
+        return 1e-3 * len(requests)
+
+    runs = [_recorded(0.050, 2e-4, 0.004, kernel_s, 2.0), _recorded(0.050, 2e-4, 0.004, kernel_s, 3.0)]
+    fitted = fidelity.fit_host_steps(runs, kernel_s)
+    assert fitted["host"].per_step_us == pytest.approx(54_000.0)          # the step's own cost and the gap after it
+    assert fitted["host"].per_token_us == pytest.approx(200.0)
+    assert fitted["host"].first_step_us == pytest.approx(2.5e6)           # the first steps' mean excess
+    assert fitted["steps"] == 22 and fitted["explained"] == pytest.approx(1.0)
+    assert fitted["residual_ms"]["with_prefill"] == pytest.approx(0.0, abs=1e-9)
+    # a step costlier the fewer tokens it schedules has no cost per token: the mean per step
+    falling = [[{**s, "end": s["start"] + 0.1 / sum(r[0] for r in s["requests"])} for s in run] for run in runs]
+    assert fidelity.fit_host_steps(falling, lambda _r: 0.0)["host"].per_token_us == 0.0
+    with pytest.raises(ValueError, match="1 recorded all-off step"):
+        fidelity.fit_host_steps([runs[0][:2], []], kernel_s)
+
+
+def test_the_first_steps_one_time_cost_delays_every_request_of_the_first_step(sim):
+    plain = sim.records(ALL_OFF, fidelity.Host(30_000.0, 200.0))
+    warm = sim.records(ALL_OFF, fidelity.Host(30_000.0, 200.0, first_step_us=2e6))
+    assert [w.first_token_s - p.first_token_s for w, p in zip(warm, plain, strict=True)] == pytest.approx([2.0] * 8)
+    assert max(w.finish_s for w in warm) == pytest.approx(max(p.finish_s for p in plain) + 2.0)
+
+
 def test_the_fast_all_off_equals_a_fresh_setup_and_a_dearer_host_slows_it(sim):
     host = fidelity.Host(30_000.0, 200.0)
     assert sim.all_off()(host) == sim.metrics(ALL_OFF, host)

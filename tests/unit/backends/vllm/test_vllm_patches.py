@@ -14,9 +14,10 @@ from ablations.backends.vllm.__main__ import main
 from ablations.backends.vllm.cpu import PATCHES as CPU_PATCHES
 from ablations.backends.vllm.patches import Patch, after_init, install, replacement
 from ablations.backends.vllm.plugin import SHUTDOWN_PATCHES
+from ablations.backends.vllm.steps import STEP_PATCHES
 from ablations.backends.vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH
 
-PATCHES = [*SHUTDOWN_PATCHES, *CPU_PATCHES, SCHEDULER_PATCH, WORKER_PATCH]
+PATCHES = [*SHUTDOWN_PATCHES, *CPU_PATCHES, *STEP_PATCHES, SCHEDULER_PATCH, WORKER_PATCH]
 
 
 @pytest.fixture
@@ -111,6 +112,6 @@ def test_patches_command_lists_every_target(capsys):
     assert main(["patches"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{len(PATCHES)} patches on cpu with toggles none: 2 on every platform, "
-                          f"{len(CPU_PATCHES)} CPU fixes, the toggle hooks, 0 from the toggles")
+                          f"{len(CPU_PATCHES)} CPU fixes, 2 step records, the toggle hooks, 0 from the toggles")
     for patch in PATCHES:
         assert patch.target in out and patch.why in out
