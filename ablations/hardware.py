@@ -11,7 +11,7 @@ from opts.vllm_setting import PLATFORMS
 
 FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops", "price_per_gpu_hour",
            "link_bandwidth_gb_s", "link_latency_us", "launch_us", "host_overhead_us", "host_us_per_token",
-           "host_first_step_us")
+           "host_us_per_request", "host_first_step_us")
 # What the simulator cannot do without (besides an efficiency per kernel class); the link only with two devices
 # or more (one device never all-reduces).
 MODEL_FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")
@@ -28,8 +28,9 @@ class HardwareConfig:
     in TFLOP/s; `price_per_gpu_hour` in USD; the link each device reaches the others over
     (`link_bandwidth_gb_s`: one direction, 10^9 bytes/s; `link_latency_us` per hop); a kernel launch
     (`launch_us`) and the host's work per engine step (`host_overhead_us`), per token it schedules
-    (`host_us_per_token`) and once, in the engine's first step (`host_first_step_us`: vLLM-CPU's first forward
-    initialises lazily; 0 where an engine is warmed up before it serves); `efficiency[kernel class]`, the
+    (`host_us_per_token`), per request it schedules (`host_us_per_request`: a prefill chunk or a decode) and
+    once, in the engine's first step (`host_first_step_us`: vLLM-CPU's first forward initialises lazily; 0 where
+    an engine is warmed up before it serves); `efficiency[kernel class]`, the
     fraction of peak and of bandwidth a class reaches. A figure of 0 is unknown; a known one, and every
     efficiency, names its source (or says assumed) in `sources[figure]` / `sources["efficiency.<class>"]`."""
 
@@ -47,6 +48,7 @@ class HardwareConfig:
     launch_us: float = 0.0
     host_overhead_us: float = 0.0
     host_us_per_token: float = 0.0
+    host_us_per_request: float = 0.0
     host_first_step_us: float = 0.0
     efficiency: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)

@@ -42,6 +42,7 @@ FEATURES = ("step", "experts", "prefill", "n_prefill", "q_prefill", "c_prefill",
             "mixed", "n_mixed", "q_mixed", "c_mixed", "qc_mixed", "qq_mixed")
 MIXED = 14
 TOKEN_FEATURES = (FEATURES.index("q_prefill"), FEATURES.index("q_decode"))   # the tokens a step schedules
+REQUEST_FEATURES = (FEATURES.index("n_prefill"), FEATURES.index("n_decode"))  # the requests it schedules
 NUM_FEATURES = len(FEATURES)
 FIELDS = ("flops", "bytes", "kernels", "comm_bytes", "collectives")
 FIT_RTOL = 1e-6
@@ -198,16 +199,18 @@ class StepModel:
                 both[:, :, 1].sum(1) / bandwidth)
 
     def _host(self, hw: HardwareConfig) -> None:
-        # the host's work: per step, and per token the step schedules (its prefill and its decode tokens)
+        # the host's work: per step, per token the step schedules (its prefill and its decode tokens) and per
+        # request (its prefill chunks and its decodes)
         self.host_s = host_seconds(hw, 0)
         self.first_step_s = hw.host_first_step_us * 1e-6
         self._fixed = self._device_fixed.copy()
         self._fixed[list(TOKEN_FEATURES)] += host_seconds(hw, 1) - self.host_s
+        self._fixed[list(REQUEST_FEATURES)] += host_seconds(hw, 0, 1) - self.host_s
 
     def with_host(self, hw: HardwareConfig) -> StepModel:
         """This model with `hw`'s host overheads (the rest of `hw` unread): a fit of them re-prices nothing else."""
         other = copy.copy(self)
-        host = ("host_overhead_us", "host_us_per_token", "host_first_step_us")
+        host = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_first_step_us")
         sources = {**self.hw.sources, **{k: v for k, v in hw.sources.items() if k in host}}
         other.hw = replace(self.hw, **{k: getattr(hw, k) for k in host}, sources=sources)
         other._host(other.hw)
@@ -298,7 +301,7 @@ class StepModel:
     def exact_time(self, seqs: Sequence[Seq]) -> float:
         """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
         return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, self.mech), self.hw,
-                         self.parallel, self.classes, sum(q.new_tokens for q in seqs)).total_s
+                         self.parallel, self.classes, sum(q.new_tokens for q in seqs), len(seqs)).total_s
 
 
 class DraftSteps:

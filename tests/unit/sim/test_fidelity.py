@@ -45,27 +45,16 @@ def test_the_cells_are_all_off_repeated_each_toggle_alone_and_all_on():
     assert len(many) == 9 and many[0] == (ALL_OFF, 0) and many[-1] == (ALL_OFF, 2) and (ALL_OFF, 1) in many[3:6]
 
 
-@pytest.mark.slow
-def test_the_host_fit_recovers_the_overheads_a_throughput_and_interactivity_came_from(sim):
-    metrics = sim.all_off()
-    truth = metrics(fidelity.Host(20_000.0, 400.0))
-    host = fidelity.fit_host(metrics, truth["total_throughput"], truth["interactivity_p90"])
-    assert host.matched
-    assert host.per_step_us == pytest.approx(20_000.0, rel=0.02)
-    assert host.per_token_us == pytest.approx(400.0, rel=0.02)
-    assert metrics(host)["ttft_p50_s"] == pytest.approx(truth["ttft_p50_s"], rel=0.01)
-    with pytest.raises(ValueError, match=r"measured all-off throughput 1000000000.0 tokens/s is outside"):
-        fidelity.fit_host(metrics, 1e9, 10.0)
-
-
-def _recorded(per_step_s: float, per_token_s: float, gap_s: float, kernel_s, first_s: float = 0.0) -> list[dict]:
-    """Steps as steps.read_steps gives them: a prefill chunk beside 0-3 decodes, then decodes alone; the first
+def _recorded(per_step_s: float, per_token_s: float, per_request_s: float, gap_s: float, kernel_s,
+              first_s: float = 0.0) -> list[dict]:
+    """Steps as steps.read_steps gives them: a prefill chunk beside 0-3 decodes, then 1-4 decodes alone; the first
     step `first_s` longer."""
     out, t = [], 0.0
     for i in range(12):
         requests = ([[64 * (i % 3 + 1), 0, 512, 0]] if i < 6 else []) + [[1, 600, 500, 0]] * (i % 4 + 1)
         tokens = sum(r[0] for r in requests)
-        end = t + kernel_s(requests) + per_step_s + per_token_s * tokens + (first_s if i == 0 else 0.0)
+        end = (t + kernel_s(requests) + per_step_s + per_token_s * tokens + per_request_s * len(requests)
+               + (first_s if i == 0 else 0.0))
         out.append({"start": t, "end": end, "requests": requests})
         t = end + gap_s
     return out
@@ -75,18 +64,33 @@ def test_the_step_fit_recovers_the_host_costs_the_steps_were_timed_with():
     def kernel_s(requests):
         return 1e-3 * len(requests)
 
-    runs = [_recorded(0.050, 2e-4, 0.004, kernel_s, 2.0), _recorded(0.050, 2e-4, 0.004, kernel_s, 3.0)]
+    runs = [_recorded(0.050, 2e-4, 0.03, 0.004, kernel_s, 2.0), _recorded(0.050, 2e-4, 0.03, 0.004, kernel_s, 3.0)]
     fitted = fidelity.fit_host_steps(runs, kernel_s)
-    assert fitted["host"].per_step_us == pytest.approx(54_000.0)          # the step's own cost and the gap after it
-    assert fitted["host"].per_token_us == pytest.approx(200.0)
-    assert fitted["host"].first_step_us == pytest.approx(2.5e6)           # the first steps' mean excess
+    host = fitted["host"]
+    assert host.per_step_us == pytest.approx(54_000.0)          # the step's own cost and the gap after it
+    assert host.per_token_us == pytest.approx(200.0)
+    assert host.per_request_us == pytest.approx(30_000.0)
+    assert host.first_step_us == pytest.approx(2.5e6)           # the first steps' mean excess
     assert fitted["steps"] == 22 and fitted["explained"] == pytest.approx(1.0)
     assert fitted["residual_ms"]["with_prefill"] == pytest.approx(0.0, abs=1e-9)
-    # a step costlier the fewer tokens it schedules has no cost per token: the mean per step
+    # a step costlier the fewer tokens it schedules has no cost per token, nor per request: the rest refitted
     falling = [[{**s, "end": s["start"] + 0.1 / sum(r[0] for r in s["requests"])} for s in run] for run in runs]
-    assert fidelity.fit_host_steps(falling, lambda _r: 0.0)["host"].per_token_us == 0.0
+    refit = fidelity.fit_host_steps(falling, lambda _r: 0.0)["host"]
+    assert (refit.per_token_us, refit.per_request_us) == (0.0, 0.0) and refit.per_step_us > 0
+    # costs per request alone: no cost per step is invented
+    alone = fidelity.fit_host_steps([_recorded(0.0, 0.0, 0.04, 0.0, kernel_s)], kernel_s)["host"]
+    assert (alone.per_step_us, alone.per_token_us) == pytest.approx((0.0, 0.0), abs=1e-6)
+    assert alone.per_request_us == pytest.approx(40_000.0)
     with pytest.raises(ValueError, match="1 recorded all-off step"):
         fidelity.fit_host_steps([runs[0][:2], []], kernel_s)
+
+
+def test_a_host_cost_per_request_slows_the_steps_that_hold_more_requests(sim):
+    """Same total host time per step at the cells' one-request steps, more in their many-request steps."""
+    plain = sim.metrics(ALL_OFF, fidelity.Host(40_000.0))
+    shared = sim.metrics(ALL_OFF, fidelity.Host(0.0, per_request_us=40_000.0))
+    assert shared["interactivity_p90"] < plain["interactivity_p90"]
+    assert shared["total_throughput"] < plain["total_throughput"]
 
 
 def test_the_first_steps_one_time_cost_delays_every_request_of_the_first_step(sim):
@@ -96,9 +100,7 @@ def test_the_first_steps_one_time_cost_delays_every_request_of_the_first_step(si
     assert max(w.finish_s for w in warm) == pytest.approx(max(p.finish_s for p in plain) + 2.0)
 
 
-def test_the_fast_all_off_equals_a_fresh_setup_and_a_dearer_host_slows_it(sim):
-    host = fidelity.Host(30_000.0, 200.0)
-    assert sim.all_off()(host) == sim.metrics(ALL_OFF, host)
+def test_a_dearer_host_slows_all_off_and_draft_length_runs_its_own_k(sim):
     fast, slow = sim.metrics(ALL_OFF, fidelity.Host(1_000.0)), sim.metrics(ALL_OFF, fidelity.Host(50_000.0))
     assert slow["total_throughput"] < fast["total_throughput"] and slow["ttft_p50_s"] > fast["ttft_p50_s"]
     assert sim.metrics("draft_length", fidelity.Host(50_000.0))["total_throughput"] != slow["total_throughput"]
@@ -124,8 +126,10 @@ def test_errors_effects_noise_and_directions(tmp_path):
     assert verdict[("y", "total_throughput")] is None           # +1 measured: within 4
     assert verdict[("y", "ttft_p50_s")] is True                 # -0.6 both ways down
     assert verdict[("y", "interactivity_p90")] is True          # +2 beyond a noise of 0
-    host = {"per_step_us": 1.0, "per_token_us": 2.0, "matched": True}
-    assert "DISAGREES" in fidelity.table({"host": host, **out})
+    host = {"per_step_us": 1.0, "per_token_us": 2.0, "per_request_us": 3.0}
+    fit = {"steps": 9, "gap_us": 1.0, "explained": 0.5, "residual_ms": {"with_prefill": 0.0, "decode_only": 1.0}}
+    text = fidelity.table({"host": host, "host_fit": fit, **out})
+    assert "DISAGREES" in text and "1 us per step, 2 us per token, 3 us per request" in text
     assert fidelity.plot({"host": host, **out}, tmp_path / "f.png").stat().st_size > 0
 
 
