@@ -3,8 +3,10 @@
 The cells are the vLLM-CPU main job's (`experiment=main_vllm_cpu`: the first 8 requests of `agentx_small`, every
 session starting at once, answers cut to 16 tokens), with the prompts uncut (`VLLM_OVERRIDES`): all off (repeated,
 for the run-to-run noise),
-each wired toggle alone, all on. vLLM-CPU runs each as a fresh in-process engine (a finished cell is kept and
-reused on the next run, as in a sweep); the simulator replays the same cut trace for the same toggle vector on
+each wired toggle alone, all on. vLLM-CPU runs each as a fresh in-process engine, every session live at once, or
+with `--serve` as a serving cell (`backend.mode=serve`: a fresh server per cell, the client's closed loop at each
+of `backend.concurrencies` live sessions, each point compared on its own); a finished cell is kept and reused on
+the next run, as in a sweep. The simulator replays the same cut trace for the same toggle vector on
 `model=k3_tiny`, `hardware=cpu` (the calibrated profile), fp32, one device, the engine's step budget, sequence
 limit and cache size. The host's work is fitted, not predicted: per engine step, per scheduled token and per
 scheduled request (`host_overhead_us`, `host_us_per_token`, `host_us_per_request`), and once in the first step
@@ -55,6 +57,7 @@ VLLM_EXPERIMENT = "experiment=main_vllm_cpu"
 # Prompts uncut: 4,096 tokens hold agentx_small's longest prompt (3,926) and answer, so that a later turn extends its
 # previous one as in the trace (cut at main_vllm_cpu's 512 tokens, a later turn would repeat its predecessor's prompt).
 VLLM_OVERRIDES = ("backend.max_model_len=4096", "backend.max_prompt_tokens=4080")
+SERVE_OVERRIDES = ("backend.mode=serve",)
 SIM_MODEL = "k3_tiny"
 METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate")
 GOAL = 0.10                          # the throughput error per cell the simulator aims at
@@ -82,16 +85,17 @@ def cut_trace(trace: Trace, num_requests: int, max_prompt_tokens: int, max_token
     return Trace(tuple(requests), cut.block_size, cut.source)
 
 
-def vllm_cells(players: tuple[str, ...], repeats: int) -> list[tuple[str, int]]:
+def vllm_cells(players: tuple[str, ...], repeats: int, toggle_repeats: int = 1) -> list[tuple[str, int]]:
     """(cell label, repeat) of every vLLM cell in run order: each toggle alone and all on, with all off `repeats`
-    times spread over the run (first, between, last), so that its range also holds the machine's drift."""
+    times spread over the run (first, between, last), so that its range also holds the machine's drift; then each
+    toggle cell's further repeats (`toggle_repeats` runs each in all, their mean compared)."""
     others = list(dict.fromkeys([(p, 0) for p in players] + [(label(players, players), 0)]))
     gaps = max(repeats - 1, 1)
     cells = []
     for r in range(repeats):
         cells.append((ALL_OFF, r))
         cells += others[r * len(others) // gaps:(r + 1) * len(others) // gaps] if r < gaps else []
-    return cells
+    return cells + [(cell, r) for r in range(1, toggle_repeats) for cell, _ in others]
 
 
 def _cell_config(cell: str, repeat: int, overrides: tuple[str, ...] = (), repeats: int = 1):
@@ -126,7 +130,10 @@ class SimCells:
         self.trace = cut_trace(load_workload(self.app.workload), vllm.num_requests, vllm.max_prompt_tokens,
                                vllm.max_tokens)
         roots = len({r.session for r in self.trace.requests if r.parent_session is None}) or len(self.trace.requests)
-        self.backend = SimBackendConfig(tp=1, kv_dtype="fp32", concurrency=[roots], workers=1,
+        # a serving cell's points, each from an empty cache; an in-process cell replays every session at once
+        self.serve = vllm.mode == "serve"
+        self.concurrencies = list(vllm.concurrencies) if self.serve else [roots]
+        self.backend = SimBackendConfig(tp=1, kv_dtype="fp32", concurrency=self.concurrencies, workers=1,
                                         max_num_batched_tokens=vllm.max_num_batched_tokens,
                                         max_num_seqs=vllm.max_num_seqs, cache_gb=vllm.kv_cache_gib * 2 ** 30 / 1e9,
                                         seed=vllm.seed)
@@ -152,19 +159,22 @@ class SimCells:
                        host_us_per_request=host.per_request_us, host_first_step_us=host.first_step_us,
                        sources={**self.hardware.sources, **dict.fromkeys(fitted, FITTED)})
 
-    def metrics(self, cell: str, host: Host, schedule: Schedule = ()) -> dict[str, float]:
-        """The simulated cell's metrics over every request (`ablations.metrics.cell_metrics`); `schedule`: as in
-        `vector`."""
-        setup, records = self._replay(cell, host, schedule)
+    def metrics(self, cell: str, host: Host, schedule: Schedule = (), concurrency: int | None = None
+                ) -> dict[str, float]:
+        """The simulated cell's metrics over every request (`ablations.metrics.cell_metrics`) at `concurrency` live
+        sessions (default: the first of `concurrencies`); `schedule`: as in `vector`."""
+        setup, records = self._replay(cell, host, schedule, concurrency)
         return cell_metrics(records, setup.num_gpus)
 
-    def records(self, cell: str, host: Host, schedule: Schedule = ()) -> list[RequestRecord]:
+    def records(self, cell: str, host: Host, schedule: Schedule = (), concurrency: int | None = None
+                ) -> list[RequestRecord]:
         """The simulated cell's per-request records."""
-        return self._replay(cell, host, schedule)[1]
+        return self._replay(cell, host, schedule, concurrency)[1]
 
-    def _replay(self, cell: str, host: Host, schedule: Schedule) -> tuple[Any, list[RequestRecord]]:
+    def _replay(self, cell: str, host: Host, schedule: Schedule, concurrency: int | None
+                ) -> tuple[Any, list[RequestRecord]]:
         setup = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host), self.vector(cell, schedule), self.trace)
-        return setup, replay(setup, self.trace, self.backend.concurrency[0], self.backend.seed)[0]
+        return setup, replay(setup, self.trace, concurrency or self.concurrencies[0], self.backend.seed)[0]
 
     def kernel_seconds(self) -> Callable[[list[list[int]]], float]:
         """The simulator's time without any host cost (all off's step models) for a step vLLM-CPU recorded: its
@@ -278,14 +288,28 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
     return {"players": list(players), "noise": noise, "cells": cells, "toggles": toggles}
 
 
+def compare_points(measured: dict[int, dict[str, list[dict[str, float]]]],
+                   predicted: dict[int, dict[str, dict[str, float]]], players: tuple[str, ...]) -> dict[str, Any]:
+    """`compare` at each concurrency (keys: live sessions), against that concurrency's own all off and noise; every
+    row and the noise carry their concurrency."""
+    out: dict[str, Any] = {"players": list(players), "noise": [], "cells": [], "toggles": []}
+    for concurrency in measured:
+        one = compare(measured[concurrency], predicted[concurrency], players)
+        out["noise"].append({"concurrency": concurrency, **one["noise"]})
+        out["cells"] += [{"concurrency": concurrency, **row} for row in one["cells"]]
+        out["toggles"] += [{"concurrency": concurrency, **row} for row in one["toggles"]]
+    return out
+
+
 def host_line(host: dict[str, float]) -> str:
     """The fitted host costs in words."""
     return (f"{host['per_step_us']:.0f} us per step, {host['per_token_us']:.0f} us per token, "
             f"{host['per_request_us']:.0f} us per request")
 
 
-def _short(cell: str) -> str:
-    return "all_on" if cell.count("+") > 1 else cell
+def _short(row: dict[str, Any]) -> str:
+    cell = "all_on" if row["cell"].count("+") > 1 else row["cell"]
+    return f"{cell} @ c{row['concurrency']}"
 
 
 def table(out: dict[str, Any]) -> str:
@@ -300,8 +324,8 @@ def table(out: dict[str, Any]) -> str:
              f"{'P90 tok/s/user':>16}{'sim':>8}{'err':>8}{'hit rate':>10}{'sim':>7}"]
     for c in out["cells"]:
         v, s, e = c["vllm"], c["sim"], c["error"]
-        name = f"{c['cell']} (mean of {c['runs']})" if c["runs"] > 1 else c["cell"]
-        lines.append(f"{_short(name):<40}"
+        name = f"{_short(c)} (mean of {c['runs']})" if c["runs"] > 1 else _short(c)
+        lines.append(f"{name:<40}"
                      f"{v['total_throughput']:>14.1f}{s['total_throughput']:>9.1f}{e['total_throughput']:>8.1%}"
                      f"{v['ttft_p50_s']:>15.3f}{s['ttft_p50_s']:>8.3f}{e['ttft_p50_s']:>8.1%}"
                      f"{v['interactivity_p90']:>16.2f}{s['interactivity_p90']:>8.2f}{e['interactivity_p90']:>8.1%}"
@@ -309,7 +333,7 @@ def table(out: dict[str, Any]) -> str:
     lines.append(f"{'toggle cell':<40}{'metric':<20}{'vLLM effect':>12}{'noise':>10}{'sim effect':>12}  direction")
     for t in out["toggles"]:
         verdict = "within noise" if t["agree"] is None else ("agrees" if t["agree"] else "DISAGREES")
-        lines.append(f"{_short(t['cell']):<40}{t['metric']:<20}{t['vllm_effect']:>12.3g}{t['noise']:>10.3g}"
+        lines.append(f"{_short(t):<40}{t['metric']:<20}{t['vllm_effect']:>12.3g}{t['noise']:>10.3g}"
                      f"{t['sim_effect']:>12.3g}  {verdict}")
     return "\n".join(lines)
 
@@ -318,7 +342,7 @@ def plot(out: dict[str, Any], path: Path) -> Path:
     """Measured against predicted total throughput per cell, as paired bars."""
     plt = _pyplot()
     cells = out["cells"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    fig, ax = plt.subplots(figsize=(max(7.5, 0.5 * len(cells)), 4.2), dpi=120)
     try:
         xs = range(len(cells))
         mean = [c["vllm"]["total_throughput"] for c in cells]
@@ -328,7 +352,7 @@ def plot(out: dict[str, Any], path: Path) -> Path:
                                                                                                   strict=True)]],
                capsize=3)
         ax.bar([x + 0.2 for x in xs], [c["sim"]["total_throughput"] for c in cells], 0.4, label="simulator")
-        ax.set_xticks(list(xs), [c["cell"].replace("+", "+\n") for c in cells], fontsize=6)
+        ax.set_xticks(list(xs), [_short(c).replace("+", "+\n") for c in cells], fontsize=6)
         ax.set_ylabel("total throughput (tokens/s)")
         ax.set_title(f"k3_tiny on vLLM-CPU vs the simulator (host fitted on all off: {host_line(out['host'])})",
                      fontsize=8)
@@ -340,20 +364,33 @@ def plot(out: dict[str, Any], path: Path) -> Path:
     return Path(path)
 
 
+def cell_points(result: dict[str, Any], concurrencies: list[int]) -> dict[int, dict[str, float]]:
+    """A vLLM cell's metrics per concurrency: a serving cell's points (in `concurrencies`' order), an in-process
+    cell's one replay at the only concurrency."""
+    cell = result["cell"]
+    if cell.get("mode") != "serve":
+        return {concurrencies[0]: result["metrics"]}
+    points = {p["concurrency"]: p["metrics"] for p in cell["point_details"]}
+    if list(points) != concurrencies:
+        raise ValueError(f"fidelity: a serving cell ran concurrencies {list(points)}; expected {concurrencies}")
+    return points
+
+
 def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
-        progress: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Every vLLM cell (kept under `root/vllm`), the simulator's prediction of each, the comparison; writes
-    `root/fidelity.json` and `root/fidelity.png` and returns the comparison."""
+        progress: Callable[[str], None] | None = print, toggle_repeats: int = 1) -> dict[str, Any]:
+    """Every vLLM cell (kept under `root/vllm`), the simulator's prediction of each at each concurrency, the
+    comparison; writes `root/fidelity.json` and `root/fidelity.png` and returns the comparison."""
     say = progress or (lambda _line: None)
     sim = SimCells(overrides)
-    wanted = vllm_cells(sim.players, repeats)
-    measured: dict[str, list[dict[str, float]]] = {}
+    wanted = vllm_cells(sim.players, repeats, toggle_repeats)
+    measured: dict[int, dict[str, list[dict[str, float]]]] = {c: {} for c in sim.concurrencies}
     schedules: dict[str, Schedule] = {}
     off_steps: list[list[dict[str, Any]]] = []
     for k, (cell, repeat) in enumerate(wanted, 1):
         start = time.perf_counter()
         result = run_vllm_cell(cell, repeat, root, overrides, repeats)
-        measured.setdefault(cell, []).append({m: result["metrics"][m] for m in METRICS})
+        for concurrency, metrics in cell_points(result, sim.concurrencies).items():
+            measured[concurrency].setdefault(cell, []).append({m: metrics[m] for m in METRICS})
         schedules[cell] = ran_schedule(result)
         if cell == ALL_OFF:
             if not result["cell"].get("steps"):
@@ -365,10 +402,12 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     fitted = fit_host_steps(off_steps, sim.kernel_seconds())
     host = fitted["host"]
     say(f"host fitted on all off steps: {host_line(asdict(host))}")
-    predicted = {cell: sim.metrics(cell, host, schedules[cell]) for cell in measured}
+    predicted = {c: {cell: sim.metrics(cell, host if k == 0 else replace(host, first_step_us=0.0), schedules[cell], c)
+                     for cell in measured[c]}
+                 for k, c in enumerate(sim.concurrencies)}      # a server's later points run warmed up
     out = {"host": asdict(host), "host_fit": {k: v for k, v in fitted.items() if k != "host"},
-           "hardware": asdict(sim.hardware_with(host)),
-           "trace_requests": len(sim.trace.requests), **compare(measured, predicted, sim.players)}
+           "hardware": asdict(sim.hardware_with(host)), "mode": "serve" if sim.serve else "in_process",
+           "trace_requests": len(sim.trace.requests), **compare_points(measured, predicted, sim.players)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "fidelity.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(out, root / "fidelity.png")
@@ -377,16 +416,25 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.fidelity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("outputs/fidelity"), help="folder (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder (default: outputs/fidelity, outputs/fidelity_serve with --serve)")
     parser.add_argument("--repeats", type=int, default=3, help="all-off repeats, the noise (default: 3)")
+    parser.add_argument("--toggle-repeats", type=int, default=1,
+                        help="runs of each toggle cell, their mean compared (default: 1)")
+    parser.add_argument("--serve", action="store_true",
+                        help="serving cells (backend.mode=serve: a server per cell, the client's closed loop at each "
+                             "of backend.concurrencies) instead of in-process replays")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every vLLM cell, e.g. backend.num_requests=4")
     args = parser.parse_args(argv)
+    args.out = args.out or Path("outputs/fidelity_serve" if args.serve else "outputs/fidelity")
     logging.basicConfig(level=logging.WARNING)
     try:
         if args.repeats < 2:
             raise ValueError(f"--repeats: {args.repeats}; valid: 2 or more (the noise is their range)")
-        out = run(args.out, args.repeats, tuple(args.overrides),
-                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+        if args.toggle_repeats < 1:
+            raise ValueError(f"--toggle-repeats: {args.toggle_repeats}; valid: 1 or more")
+        out = run(args.out, args.repeats, (*(SERVE_OVERRIDES if args.serve else ()), *args.overrides),
+                  progress=lambda line: print(line, file=sys.stderr, flush=True), toggle_repeats=args.toggle_repeats)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

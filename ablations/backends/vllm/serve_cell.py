@@ -29,6 +29,7 @@ from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
 from ablations.backends.vllm.engine import engine_config, engine_kwargs, server_args
 from ablations.backends.vllm.prometheus import difference, read_counters
 from ablations.backends.vllm.server import SERVER_MODULE, Server, start_server
+from ablations.backends.vllm.steps import read_steps
 from ablations.backends.vllm.toggles import read_records as read_patch_records
 from ablations.cells import write_result
 from ablations.metrics import SweepPoint, cell_metrics, steady_window, summarize, throughput_at_slo
@@ -195,4 +196,5 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
         "kernel_counts": counts,
         "fired": fired(cfg, counts),
         "processes": read_patch_records(process_dir),
+        "steps": read_steps(process_dir),
     }

