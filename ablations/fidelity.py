@@ -42,15 +42,15 @@ from ablations.backends.sim.cell import replay, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Seq
 from ablations.backends.vllm.cell import first_requests
+from ablations.backends.vllm.serve_cell import capped_trace
 from ablations.backends.vllm.steps import step_seqs
 from ablations.cells import config_hash, finished
 from ablations.config import apply_cell, compose_config, players_of, to_app
 from ablations.experiment import ALL_OFF, label
-from ablations.hardware import HardwareConfig
+from ablations.hardware import HOST_FIGURES, HardwareConfig
 from ablations.metrics import RequestRecord, cell_metrics
 from ablations.plots import _pyplot
 from ablations.workload.config import load_workload
-from ablations.workload.trace import Trace
 
 log = logging.getLogger("ablations")
 VLLM_EXPERIMENT = "experiment=main_vllm_cpu"
@@ -60,7 +60,6 @@ VLLM_OVERRIDES = ("backend.max_model_len=4096", "backend.max_prompt_tokens=4080"
 SERVE_OVERRIDES = ("backend.mode=serve",)
 SIM_MODEL = "k3_tiny"
 METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate")
-GOAL = 0.10                          # the throughput error per cell the simulator aims at
 Schedule = tuple[tuple[int, int, int], ...]
 FITTED = ("fitted by python -m ablations.fidelity on vLLM-CPU's all-off steps: each step's seconds less the "
           "simulator's kernel time for what it scheduled, least squares on [1, tokens, requests scheduled]")
@@ -71,18 +70,6 @@ def ran_schedule(result: dict[str, Any]) -> Schedule:
     on's pick), or () when it ran one K."""
     spec = result["cell"]["engine_args"].get("speculative_config") or {}
     return tuple(tuple(e) for e in spec.get("num_speculative_tokens_per_batch_size") or ())
-
-
-def cut_trace(trace: Trace, num_requests: int, max_prompt_tokens: int, max_tokens: int) -> Trace:
-    """The trace the vLLM cell replays: its first `num_requests` requests, each prompt cut to `max_prompt_tokens`
-    (its blocks with it) and each answer to `max_tokens`."""
-    cut = first_requests(trace, num_requests)
-    requests = []
-    for r in cut.requests:
-        prompt = min(r.input_length, max_prompt_tokens)
-        requests.append(replace(r, input_length=prompt, output_length=min(r.output_length, max_tokens),
-                                hash_ids=r.hash_ids[:-(-prompt // cut.block_size)]))
-    return Trace(tuple(requests), cut.block_size, cut.source)
 
 
 def vllm_cells(players: tuple[str, ...], repeats: int, toggle_repeats: int = 1) -> list[tuple[str, int]]:
@@ -127,8 +114,9 @@ class SimCells:
         self.app = to_app(cfg)
         self.players = players_of(cfg)
         vllm = self.app.backend
-        self.trace = cut_trace(load_workload(self.app.workload), vllm.num_requests, vllm.max_prompt_tokens,
-                               vllm.max_tokens)
+        # the requests the vLLM cells replay (both modes cut them so)
+        self.trace = capped_trace(first_requests(load_workload(self.app.workload), vllm.num_requests),
+                                  vllm.max_prompt_tokens, vllm.max_tokens)
         roots = len({r.session for r in self.trace.requests if r.parent_session is None}) or len(self.trace.requests)
         # a serving cell's points, each from an empty cache; an in-process cell replays every session at once
         self.serve = vllm.mode == "serve"
@@ -154,10 +142,9 @@ class SimCells:
 
     def hardware_with(self, host: Host) -> HardwareConfig:
         """The cpu profile with `host`'s overheads, their source the fit."""
-        fitted = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_first_step_us")
         return replace(self.hardware, host_overhead_us=host.per_step_us, host_us_per_token=host.per_token_us,
                        host_us_per_request=host.per_request_us, host_first_step_us=host.first_step_us,
-                       sources={**self.hardware.sources, **dict.fromkeys(fitted, FITTED)})
+                       sources={**self.hardware.sources, **dict.fromkeys(HOST_FIGURES, FITTED)})
 
     def metrics(self, cell: str, host: Host, schedule: Schedule = (), concurrency: int | None = None
                 ) -> dict[str, float]:

@@ -12,6 +12,8 @@ from opts.vllm_setting import PLATFORMS
 FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops", "price_per_gpu_hour",
            "link_bandwidth_gb_s", "link_latency_us", "launch_us", "host_overhead_us", "host_us_per_token",
            "host_us_per_request", "host_first_step_us")
+# The host's figures, fitted together where an engine's steps are measured (python -m ablations.fidelity).
+HOST_FIGURES = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_first_step_us")
 # What the simulator cannot do without (besides an efficiency per kernel class); the link only with two devices
 # or more (one device never all-reduces).
 MODEL_FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")

@@ -125,7 +125,6 @@ class MlaNormLayer:
     q_weight: torch.Tensor
     kv_weight: torch.Tensor
     eps: float = RMS_NORM_EPS
-    rope_dim: int = 64
 
     @property
     def q_lora_rank(self) -> int:
@@ -205,8 +204,7 @@ def make_mla_norm(shape: MlaNormShape, dtype: torch.dtype = torch.bfloat16, devi
     gen = _generator(seed)
     kw = {"dtype": dtype, "device": device}
     layer = MlaNormLayer(q_weight=(1 + _randn(gen, shape.q_lora_rank, scale=0.1)).to(**kw),
-                         kv_weight=(1 + _randn(gen, shape.kv_lora_rank, scale=0.1)).to(**kw),
-                         rope_dim=shape.rope_dim)
+                         kv_weight=(1 + _randn(gen, shape.kv_lora_rank, scale=0.1)).to(**kw))
     return layer, _randn(gen, shape.num_tokens, shape.width, **kw)
 
 

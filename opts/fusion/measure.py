@@ -66,14 +66,6 @@ class Traffic:
     allocated: int = 0
     allocations: int = 0
 
-    @property
-    def bytes(self) -> int:
-        return sum(o.read + o.written for o in self.ops)
-
-    @property
-    def kernels(self) -> int:
-        return len(self.ops)
-
 
 class _Counter(TorchDispatchMode):
     def __init__(self, traffic: Traffic) -> None:
@@ -138,10 +130,6 @@ class Profiled:
     kernels: tuple[str, ...]
     allocations: int
     allocated: int
-
-    @property
-    def num_kernels(self) -> int:
-        return len(self.kernels)
 
 
 def _has_aten_ancestor(event) -> bool:

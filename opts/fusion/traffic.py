@@ -143,8 +143,8 @@ class _Path:
         self.steps.append(Kernel(name, read + extra, written + sum(outputs) + extra, tuple(outputs),
                                  tuple(intermediates), "dynamic", index))
 
-    def aten(self, name: str, read: int, written: int, fresh: bool = False) -> None:
-        self.steps.append(Kernel(name, read, written, (written,) if fresh else ()))
+    def aten(self, name: str, read: int, written: int) -> None:
+        self.steps.append(Kernel(name, read, written))
 
     def store(self, index: int, rows: int) -> None:
         self.steps.append(Kernel("index_put_", index + rows, rows, kind="store"))
@@ -167,9 +167,13 @@ class _TokenArg:
     itemsize: int
 
 
-def _one_row(two: PathCost, args: list[_TokenArg], out_row: int | None) -> PathCost:
-    """A one-row step as the code runs it: each per-token argument copied into two equal rows, the two-row path,
-    then (`out_row`) row 0 of the written output copied back."""
+def _one_row(two: PairCost, args: list[_TokenArg], out_row: int | None, compulsory: int) -> PairCost:
+    """A one-row step as the code runs it, off and on: each per-token argument copied into two equal rows, the
+    two-row path, then (`out_row`) row 0 of the written output copied back."""
+    return PairCost(_one_row_path(two.off, args, out_row), _one_row_path(two.on, args, out_row), compulsory)
+
+
+def _one_row_path(two: PathCost, args: list[_TokenArg], out_row: int | None) -> PathCost:
     path = _Path()
     for a in args:
         path.empty(a.extent * a.itemsize)
@@ -194,7 +198,7 @@ def mla_norm_cost(shape: MlaNormShape, dtype: torch.dtype, one_row_as_two: bool 
     if n == 1 and one_row_as_two:
         two = mla_norm_cost(replace(shape, num_tokens=2), dtype)
         args = [_row_arg(q, 0, shape.width, es), _row_arg(kv, q, shape.width, es)]
-        return PairCost(_one_row(two.off, args, None), _one_row(two.on, args, None), compulsory)
+        return _one_row(two, args, None, compulsory)
     off = _Path()
     for dim in (q, kv):
         off.empty(n * dim * es)
@@ -221,7 +225,7 @@ def kda_decode_cost(shape: KdaDecodeShape, dtype: torch.dtype, one_row_as_two: b
         p = shape.projection_width
         args = [_row_arg(c, 0, p, es), _TokenArg(hd * es, 2 * hd, es), _row_arg(h, shape.beta_offset, p, es),
                 _TokenArg(SLOT, 2, SLOT), _row_arg(hd, shape.gate_offset, p, es), _TokenArg(hd * es, 2 * hd, es)]
-        return PairCost(_one_row(two.off, args, hd * es), _one_row(two.on, args, hd * es), compulsory)
+        return _one_row(two, args, hd * es, compulsory)
     off = _Path()
     off.dynamic("conv", x_read, 0, [nc * es, index, window], [window], index)
     off.store(index, window)

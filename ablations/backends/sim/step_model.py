@@ -31,7 +31,7 @@ from ablations.backends.sim.cost import (
     step_costs,
 )
 from ablations.backends.sim.timing import allreduce_s, efficiency, host_seconds, kernel_class, step_time
-from ablations.hardware import HardwareConfig
+from ablations.hardware import HOST_FIGURES, HardwareConfig
 from opts.draft_length.schedule import check_schedule, fixed_schedule
 
 # The features of a list of Seqs: whether there are any, the expected experts touched, then per kind (prefill; decode
@@ -210,9 +210,8 @@ class StepModel:
     def with_host(self, hw: HardwareConfig) -> StepModel:
         """This model with `hw`'s host overheads (the rest of `hw` unread): a fit of them re-prices nothing else."""
         other = copy.copy(self)
-        host = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_first_step_us")
-        sources = {**self.hw.sources, **{k: v for k, v in hw.sources.items() if k in host}}
-        other.hw = replace(self.hw, **{k: getattr(hw, k) for k in host}, sources=sources)
+        sources = {**self.hw.sources, **{k: v for k, v in hw.sources.items() if k in HOST_FIGURES}}
+        other.hw = replace(self.hw, **{k: getattr(hw, k) for k in HOST_FIGURES}, sources=sources)
         other._host(other.hw)
         return other
 
