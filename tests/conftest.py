@@ -11,11 +11,12 @@ import random
 import numpy as np
 import pytest
 import torch
-from engine_groups import group_of
-from run_guard import pytest_addoption, pytest_collection_modifyitems, pytest_sessionfinish
+from engine_groups import group_of, run_rank, runs_ordered
+from run_guard import pytest_addoption, pytest_sessionfinish
+from run_guard import pytest_collection_modifyitems as _guard_collection
 from run_guard import pytest_configure as _guard_configure
 
-__all__ = ["pytest_addoption", "pytest_collection_modifyitems", "pytest_sessionfinish"]
+__all__ = ["pytest_addoption", "pytest_sessionfinish"]
 STARTS_FILE = "engine_starts.json"   # what tests/e2e/conftest.py's pool writes when it closes
 ALL_CORES_ENV = "K3_TEST_ALL_CORES"   # the cores the run may use, before a worker keeps one (tensor-parallel engines)
 
@@ -43,6 +44,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("benchmark_only", default=False):
         config.option.benchmark_enable = True
     _guard_configure(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The engine tests in tests/engine_groups.py's RUN_ORDER, in place among themselves; the guard's limits."""
+    slots = [i for i, item in enumerate(items) if runs_ordered(item.nodeid)]
+    ordered = sorted((items[i] for i in slots), key=lambda item: run_rank(item.nodeid))
+    for slot, item in zip(slots, ordered, strict=True):
+        items[slot] = item
+    _guard_collection(config, items)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
