@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from ablations.backends.vllm.bench_client import VllmBenchClient
 from ablations.backends.vllm.cell import NUM_DEVICES, PROCESS_DIR, fired, first_requests
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
-from ablations.backends.vllm.engine import engine_config, engine_kwargs, server_args
+from ablations.backends.vllm.engine import EngineConfig, engine_config, engine_kwargs, server_args
 from ablations.backends.vllm.prometheus import difference, read_counters
 from ablations.backends.vllm.server import SERVER_MODULE, Server, start_server
 from ablations.backends.vllm.steps import read_steps
@@ -142,36 +144,50 @@ def _point(server: Server, client, out_dir: Path, num_requests: int, concurrency
             "requests": [dataclasses.asdict(r) for r in records]}
 
 
+@contextmanager
+def serving(cfg: EngineConfig, backend: VllmBackendConfig, out_dir: Path) -> Iterator[tuple[Server, float]]:
+    """A fresh server for `cfg` (its log in `out_dir`, its processes' counts and patch records under
+    PROCESS_DIR there) and the seconds it took to start; stopped on leaving, also on failure."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.info("vllm serve: starting the server (%s) with toggles %s; log %s", backend.platform, cfg.toggles,
+             out_dir / SERVER_LOG)
+    t0 = time.perf_counter()
+    server = start_server(cfg, out_dir / SERVER_LOG, timeout=backend.server_timeout_s,
+                          env={**os.environ, COUNTER_DIR_ENV: str(out_dir / PROCESS_DIR), DEV_MODE_ENV: "1"})
+    try:
+        yield server, time.perf_counter() - t0
+    finally:
+        code = server.stop()
+        log.info("vllm serve: server stopped (exit %s)", code)
+
+
+def _served(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, Any], trace: Trace,
+            model_cache: str) -> tuple[EngineConfig, Trace]:
+    """The server's engine config (with its tokenizer: the clients send text) and the requests a cell sends."""
+    cfg = dataclasses.replace(engine_config(backend, model, toggles, model_cache), skip_tokenizer_init=False)
+    return cfg, capped_trace(first_requests(trace, backend.num_requests), backend.max_prompt_tokens,
+                             backend.max_tokens)
+
+
 def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, Any], trace: Trace,
                    out_dir: Path, model_cache: str = "") -> dict[str, Any]:
     """Start a server for `toggles`, replay the workload's first `backend.num_requests` requests at each of
     `backend.concurrencies`, stop it; the cell's result (the headline: throughput per GPU at
     `backend.target_interactivity`; left out of the metrics, with the reason in `slo`, when the points do not
     bracket it)."""
-    cfg = dataclasses.replace(engine_config(backend, model, toggles, model_cache), skip_tokenizer_init=False)
-    cut = capped_trace(first_requests(trace, backend.num_requests), backend.max_prompt_tokens, backend.max_tokens)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg, cut = _served(backend, model, toggles, trace, model_cache)
     client = make_client(backend.client)
     client.setup()
     process_dir = out_dir / PROCESS_DIR
-    log.info("vllm serve: starting the server for %s (%s) with toggles %s; log %s", model.name, backend.platform,
-             cfg.toggles, out_dir / SERVER_LOG)
-    t0 = time.perf_counter()
-    server = start_server(cfg, out_dir / SERVER_LOG, timeout=backend.server_timeout_s,
-                          env={**os.environ, COUNTER_DIR_ENV: str(process_dir), DEV_MODE_ENV: "1"})
     points = []
-    try:
-        start_s = time.perf_counter() - t0
-        log.info("vllm serve: server up in %.1f s at %s; %d requests per point, concurrencies %s, client %s",
-                 start_s, server.url, len(cut.requests), list(backend.concurrencies), client.name)
+    with serving(cfg, backend, out_dir) as (server, start_s):
+        log.info("vllm serve: %s up in %.1f s at %s; %d requests per point, concurrencies %s, client %s",
+                 model.name, start_s, server.url, len(cut.requests), list(backend.concurrencies), client.name)
         client.prepare(cut, out_dir, server.model, cfg.resolved_model_dir(), model.vocab_size)
         for k, concurrency in enumerate(backend.concurrencies, 1):
             log.info("vllm serve: [point %d/%d] concurrency %d", k, len(backend.concurrencies), concurrency)
             points.append(_point(server, client, out_dir, len(cut.requests), concurrency, backend.replay_timeout_s))
             write_result(out_dir / POINT_FILE.format(concurrency=concurrency), points[-1])   # kept if a later one fails
-    finally:
-        code = server.stop()
-        log.info("vllm serve: server stopped (exit %s)", code)
     slo = throughput_at_slo([SweepPoint(p["interactivity"], p["throughput_per_gpu"], p["concurrency"])
                              for p in points], backend.target_interactivity)
     counts = read_counts(process_dir)
@@ -198,3 +214,35 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
         "processes": read_patch_records(process_dir),
         "steps": read_steps(process_dir),
     }
+
+
+def compare_clients(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, Any], trace: Trace,
+                    out_dir: Path, clients: tuple[str, ...] = ("vllm_bench", "aiperf"), repeats: int = 2,
+                    model_cache: str = "") -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """The clients compared on one engine: one server for `toggles`; at each of `backend.concurrencies`
+    each client replays the cell's requests `repeats` times, the clients taking turns (a, b, a, b, ...), every
+    replay from an empty prefix cache and in its own directory (`<client>.r<i>` under `out_dir`), so that the
+    machine's drift falls on both alike. A first replay by the first client (in `warmup`) is left out: a fresh
+    server's first request takes seconds longer than the next. Per client and concurrency, its replays' points
+    (`_point`)."""
+    if repeats < 1:
+        raise ValueError(f"compare_clients: repeats must be at least 1, got {repeats}")
+    cfg, cut = _served(backend, model, toggles, trace, model_cache)
+    runs = {("warmup", 0): make_client(clients[0])}
+    runs.update({(name, r): make_client(name) for r in range(repeats) for name in clients})
+    out: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in backend.concurrencies}
+                                                       for name in clients}
+    with serving(cfg, backend, out_dir) as (server, _):
+        for (name, r), client in runs.items():
+            client.setup()
+            (out_dir / f"{name}.r{r}").mkdir(exist_ok=True)
+            client.prepare(cut, out_dir / f"{name}.r{r}", server.model, cfg.resolved_model_dir(), model.vocab_size)
+        warmup = runs.pop(("warmup", 0))
+        _point(server, warmup, out_dir / "warmup.r0", len(cut.requests), backend.concurrencies[0],
+               backend.replay_timeout_s)
+        for concurrency in backend.concurrencies:
+            for (name, r), client in runs.items():
+                log.info("vllm serve: concurrency %d, %s replay %d of %d", concurrency, name, r + 1, repeats)
+                out[name][concurrency].append(_point(server, client, out_dir / f"{name}.r{r}", len(cut.requests),
+                                                     concurrency, backend.replay_timeout_s))
+    return out
