@@ -77,9 +77,12 @@ def check_served_cell(result: dict, cell_dir: Path) -> None:
     """What a finished serving cell reports: its points, vLLM's counters per point, the SLO reason."""
     cell = result["cell"]
     assert cell["mode"] == "serve" and cell["client"] == "vllm_bench"
-    # the engine core's steps, every point's: prefill chunks of at most every prompt token, answers' decodes
+    # the engine core's steps, every point's and not the warm-up request's: prefill chunks of every prompt token
+    # the prefix cache did not hold, answers' decodes
+    assert cell["warmup"]["requests"] == 1 and cell["warmup"]["steps"] > 0 and cell["warmup"]["seconds"] > 0
     prefilled = sum(r[0] for step in cell["steps"] for r in step["requests"] if r[1] < r[2])
-    assert 0 < prefilled <= sum(r["input_tokens"] for p in cell["point_details"] for r in p["requests"])
+    assert prefilled == sum(sum(r["input_tokens"] for r in p["requests"]) - p["vllm_counters"]["prefix_cache_hits"]
+                            for p in cell["point_details"])
     assert any(r[1] >= r[2] for step in cell["steps"] for r in step["requests"])
     assert [p["concurrency"] for p in result["points"]] == [1, 2]
     details = cell["point_details"]

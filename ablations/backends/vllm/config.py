@@ -204,7 +204,9 @@ class VllmBackendConfig(EngineSettings):
     generation it makes from the workload's first `num_requests` requests (prompts cut to `max_prompt_tokens`,
     `max_tokens` each). `mode` replay runs the engine in this process (cell.py); serve starts an OpenAI server
     per cell and replays with `client` at each of `concurrencies`, reading throughput per GPU at
-    `target_interactivity` (tokens/s/user) from the points (serve_cell.py)."""
+    `target_interactivity` (tokens/s/user) from the points (serve_cell.py), after sending the trace's first
+    `warmup_requests` requests once, one at a time, answers and steps left out (a fresh server's first request
+    pays seconds of one-time start-up)."""
 
     name: str = "vllm"
     num_requests: int = 8
@@ -214,6 +216,7 @@ class VllmBackendConfig(EngineSettings):
     client: str = "aiperf"
     concurrencies: list[int] = field(default_factory=lambda: [1, 2, 4])
     target_interactivity: float = 50.0
+    warmup_requests: int = 1
     server_timeout_s: int = 300
     replay_timeout_s: int = 600
     print_commands: bool = False
@@ -236,6 +239,9 @@ class VllmBackendConfig(EngineSettings):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VllmBackendConfig.{name}: invalid value {getattr(self, name)!r}; valid: "
                                  "seconds > 0")
+        if self.warmup_requests < 0:
+            raise ValueError(f"VllmBackendConfig.warmup_requests: invalid value {self.warmup_requests!r}; valid: an "
+                             "integer >= 0")
         for name in ("num_requests", "max_prompt_tokens", "max_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"VllmBackendConfig.{name}: invalid value {getattr(self, name)!r}; valid: a "

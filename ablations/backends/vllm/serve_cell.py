@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.aiperf_client import AiperfClient
+from ablations.backends.vllm.aiperf_client import AiperfClient, prompt_tokens
 from ablations.backends.vllm.bench_client import VllmBenchClient
 from ablations.backends.vllm.cell import NUM_DEVICES, PROCESS_DIR, fired, first_requests
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
@@ -71,6 +71,18 @@ def _reset_prefix_cache(server: Server, attempts: int = 20) -> None:
             return
         time.sleep(0.5)
     raise RuntimeError(f"vLLM server: {RESET_PATH} refused {attempts} times; log {server.log_path}")
+
+
+def warm_up(server: Server, trace: Trace, num_requests: int, vocab_size: int) -> float:
+    """Send `trace`'s first `num_requests` requests once, one at a time, as token ids (what the clients send for
+    them), answers discarded; the seconds it took. A fresh vLLM server's first request pays seconds of one-time
+    start-up that no later one does; the points after it start from an empty prefix cache (`_point`)."""
+    start = time.perf_counter()
+    for r in trace.requests[:num_requests]:
+        prompt = prompt_tokens(r.hash_ids, r.input_length, trace.block_size, vocab_size)
+        server.request("/v1/completions", {"model": server.model, "prompt": prompt, "max_tokens": r.output_length,
+                                           "ignore_eos": True, "temperature": 0.0})
+    return time.perf_counter() - start
 
 
 def make_client(name: str):
@@ -184,6 +196,10 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
         log.info("vllm serve: %s up in %.1f s at %s; %d requests per point, concurrencies %s, client %s",
                  model.name, start_s, server.url, len(cut.requests), list(backend.concurrencies), client.name)
         client.prepare(cut, out_dir, server.model, cfg.resolved_model_dir(), model.vocab_size)
+        warmup_s = warm_up(server, cut, backend.warmup_requests, model.vocab_size)
+        warmup_steps = len(read_steps(process_dir))
+        log.info("vllm serve: %d warm-up request(s) in %.1f s (%d steps, left out)", backend.warmup_requests,
+                 warmup_s, warmup_steps)
         for k, concurrency in enumerate(backend.concurrencies, 1):
             log.info("vllm serve: [point %d/%d] concurrency %d", k, len(backend.concurrencies), concurrency)
             points.append(_point(server, client, out_dir, len(cut.requests), concurrency, backend.replay_timeout_s))
@@ -203,6 +219,7 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
         "server_command": [sys.executable, "-m", SERVER_MODULE, *server_args(cfg)],
         "env": {name: setting.env for name, setting in cfg.settings().items() if setting.env},
         "server_start_s": start_s,
+        "warmup": {"requests": backend.warmup_requests, "seconds": warmup_s, "steps": warmup_steps},
         "num_requests": len(cut.requests),
         "metrics": metrics,
         "slo": {"target_interactivity": slo.target_interactivity,
@@ -212,7 +229,7 @@ def run_serve_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict
         "kernel_counts": counts,
         "fired": fired(cfg, counts),
         "processes": read_patch_records(process_dir),
-        "steps": read_steps(process_dir),
+        "steps": read_steps(process_dir)[warmup_steps:],
     }
 
 

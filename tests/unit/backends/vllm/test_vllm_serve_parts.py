@@ -79,7 +79,7 @@ def test_the_served_trace_is_cut_to_the_models_context():
 @pytest.mark.parametrize(("values", "field"), [
     ({"mode": "batch"}, "mode"), ({"client": "curl"}, "client"), ({"concurrencies": []}, "concurrencies"),
     ({"concurrencies": [0]}, "concurrencies"), ({"target_interactivity": 0.0}, "target_interactivity"),
-    ({"replay_timeout_s": 0}, "replay_timeout_s"),
+    ({"replay_timeout_s": 0}, "replay_timeout_s"), ({"warmup_requests": -1}, "warmup_requests"),
 ])
 def test_bad_serve_settings_are_named(values, field):
     with pytest.raises(ValueError, match=f"VllmBackendConfig.{field}: invalid value"):
