@@ -372,7 +372,8 @@ def cell_points(result: dict[str, Any], concurrencies: list[int]) -> dict[int, d
 def predict(sim: SimCells, host: Host, cells: dict[int, list[str]], schedules: dict[str, Schedule]
             ) -> dict[int, dict[str, dict[str, float]]]:
     """The simulator's metrics of `cells[concurrency]` at each concurrency, in `sim.concurrencies`' order; the host's
-    first-step cost goes to the first only (a server runs its later points warmed up)."""
+    first-step cost goes to the first only (a server that is not warmed up, backend.warmup_requests=0, pays its
+    one-time start-up there)."""
     return {c: {cell: sim.metrics(cell, host if i == 0 else replace(host, first_step_us=0.0), schedules.get(cell, ()),
                                   c)
                 for cell in cells[c]}
