@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from opts.fusion.inputs import F32_BYTES as F32
 from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
 
-F32 = 4
 SLOT = 4        # vLLM's slot indices: int32
 INDEX = 8       # a pass's gathered slot indices: int64
 KINDS = ("compiled", "dynamic", "aten", "store")

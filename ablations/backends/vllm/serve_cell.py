@@ -239,14 +239,12 @@ def compare_clients(backend: VllmBackendConfig, model: ModelConfig, toggles: dic
     """The clients compared on one engine: one server for `toggles`; at each of `backend.concurrencies`
     each client replays the cell's requests `repeats` times, the clients taking turns (a, b, a, b, ...), every
     replay from an empty prefix cache and in its own directory (`<client>.r<i>` under `out_dir`), so that the
-    machine's drift falls on both alike. A first replay by the first client (in `warmup`) is left out: a fresh
-    server's first request takes seconds longer than the next. Per client and concurrency, its replays' points
-    (`_point`)."""
+    machine's drift falls on both alike; the server warmed up first as a cell's is (`warm_up`). Per client and
+    concurrency, its replays' points (`_point`)."""
     if repeats < 1:
         raise ValueError(f"compare_clients: repeats must be at least 1, got {repeats}")
     cfg, cut = _served(backend, model, toggles, trace, model_cache)
-    runs = {("warmup", 0): make_client(clients[0])}
-    runs.update({(name, r): make_client(name) for r in range(repeats) for name in clients})
+    runs = {(name, r): make_client(name) for r in range(repeats) for name in clients}
     out: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in backend.concurrencies}
                                                        for name in clients}
     with serving(cfg, backend, out_dir) as (server, _):
@@ -254,9 +252,7 @@ def compare_clients(backend: VllmBackendConfig, model: ModelConfig, toggles: dic
             client.setup()
             (out_dir / f"{name}.r{r}").mkdir(exist_ok=True)
             client.prepare(cut, out_dir / f"{name}.r{r}", server.model, cfg.resolved_model_dir(), model.vocab_size)
-        warmup = runs.pop(("warmup", 0))
-        _point(server, warmup, out_dir / "warmup.r0", len(cut.requests), backend.concurrencies[0],
-               backend.replay_timeout_s)
+        warm_up(server, cut, backend.warmup_requests, model.vocab_size)
         for concurrency in backend.concurrencies:
             for (name, r), client in runs.items():
                 log.info("vllm serve: concurrency %d, %s replay %d of %d", concurrency, name, r + 1, repeats)
