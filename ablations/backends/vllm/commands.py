@@ -6,12 +6,14 @@ trace files beside it, for a person to run on the node. The server and `vllm ben
 command line (`python -m vllm.entrypoints.cli.main`) with the `python` of the environment k3-ablate is installed
 in, so that vLLM loads its plugin (which applies the toggles' patches from `--additional-config`); aiperf from
 `.venv-aiperf`. The server's environment carries each toggle's variables; `VLLM_SERVER_DEV_MODE=1` exposes
-`/reset_prefix_cache`, which a cell calls before each concurrency point.
+`/reset_prefix_cache`, which a cell calls before each concurrency point; the script first sends the warm-up
+request(s) a cell sends (`backend.warmup_requests`, bodies in `warmup_<i>.json`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from ablations.backends.vllm.bench_client import result_name
 from ablations.backends.vllm.cell import first_requests
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.engine import EngineConfig, engine_config, server_args, toggle_env
-from ablations.backends.vllm.serve_cell import DEV_MODE_ENV, RESET_PATH, capped_trace
+from ablations.backends.vllm.serve_cell import COMPLETIONS_PATH, DEV_MODE_ENV, RESET_PATH, capped_trace, warmup_payloads
 from ablations.hardware import HardwareConfig
 from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace
@@ -33,6 +35,7 @@ from opts.registry import parse_vector, vllm_settings
 
 PORT = 8000
 COMMANDS_FILE = "commands.sh"
+WARMUP_FILE = "warmup_{index}.json"      # a warm-up request's body, as a serving cell sends it first
 VLLM_CLI = ["python", "-m", "vllm.entrypoints.cli.main"]
 
 
@@ -86,6 +89,12 @@ def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardw
     aiperf_trace = write_rows(rows, out_dir / AIPERF_TRACE)
     bench_trace = write_trace(cut, out_dir / BENCH_TRACE, form="timed_trace")
     url, tokenizer = f"http://127.0.0.1:{PORT}", str(cfg.resolved_model_dir())
+    warmup = []
+    for i, payload in enumerate(warmup_payloads(cut, backend.warmup_requests, cfg.served_name, model.vocab_size)):
+        body = out_dir / WARMUP_FILE.format(index=i)
+        body.write_text(json.dumps(payload))
+        warmup.append(["curl", "-s", "-o", "/dev/null", "-X", "POST", url + COMPLETIONS_PATH, "-H",
+                       "Content-Type: application/json", "-d", f"@{body}"])
     points = []
     for c in backend.concurrencies:
         points.append({
@@ -99,12 +108,12 @@ def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardw
         })
     return {"hardware": hardware.name, "platform": hardware.platform, "num_devices": hardware.num_devices,
             "toggles": cfg.toggles, "stock": unwired_off(toggles, hardware.platform),
-            "server_env": server_env(cfg), "server": server_command(cfg), "points": points}
+            "server_env": server_env(cfg), "server": server_command(cfg), "warmup": warmup, "points": points}
 
 
 def script(commands: dict[str, Any], client: str) -> str:
-    """The commands as a shell script: the server in the background, a wait for it to answer, then each point's
-    reset and `client`."""
+    """The commands as a shell script: the server in the background, a wait for it to answer, the warm-up
+    requests, then each point's reset and `client`."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(commands["server_env"].items()))
     lines = [f"# {commands['hardware']}: {commands['num_devices']} devices, platform {commands['platform']}",
              "# python: the interpreter of the environment k3-ablate is installed in (vLLM loads its plugin there)"]
@@ -112,6 +121,7 @@ def script(commands: dict[str, Any], client: str) -> str:
               for name in commands["stock"]]
     lines += [f"{env} {shlex.join(commands['server'])} &",
               f"until curl -sf http://127.0.0.1:{PORT}/health > /dev/null; do sleep 5; done"]
+    lines += [shlex.join(command) for command in commands["warmup"]]
     for point in commands["points"]:
         lines += [shlex.join(point["reset"]), shlex.join(point[client])]
     return "\n".join(lines) + "\n"

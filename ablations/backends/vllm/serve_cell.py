@@ -41,6 +41,7 @@ log = logging.getLogger("ablations")
 SERVER_LOG, POINT_FILE = "server.log", "point_c{concurrency}.json"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"     # exposes POST RESET_PATH, which each point starts with
 RESET_PATH = "/reset_prefix_cache"
+COMPLETIONS_PATH = "/v1/completions"
 CLIENT_NICENESS = 19
 
 
@@ -73,15 +74,21 @@ def _reset_prefix_cache(server: Server, attempts: int = 20) -> None:
     raise RuntimeError(f"vLLM server: {RESET_PATH} refused {attempts} times; log {server.log_path}")
 
 
+def warmup_payloads(trace: Trace, num_requests: int, model: str, vocab_size: int) -> list[dict[str, Any]]:
+    """`/v1/completions` bodies of `trace`'s first `num_requests` requests, prompts as token ids (what the clients
+    send for them)."""
+    return [{"model": model, "prompt": prompt_tokens(r.hash_ids, r.input_length, trace.block_size, vocab_size),
+             "max_tokens": r.output_length, "ignore_eos": True, "temperature": 0.0}
+            for r in trace.requests[:num_requests]]
+
+
 def warm_up(server: Server, trace: Trace, num_requests: int, vocab_size: int) -> float:
-    """Send `trace`'s first `num_requests` requests once, one at a time, as token ids (what the clients send for
-    them), answers discarded; the seconds it took. A fresh vLLM server's first request pays seconds of one-time
-    start-up that no later one does; the points after it start from an empty prefix cache (`_point`)."""
+    """Send `trace`'s first `num_requests` requests once, one at a time, answers discarded; the seconds it took.
+    A fresh vLLM server's first request pays seconds of one-time start-up that no later one does; the points after
+    it start from an empty prefix cache (`_point`)."""
     start = time.perf_counter()
-    for r in trace.requests[:num_requests]:
-        prompt = prompt_tokens(r.hash_ids, r.input_length, trace.block_size, vocab_size)
-        server.request("/v1/completions", {"model": server.model, "prompt": prompt, "max_tokens": r.output_length,
-                                           "ignore_eos": True, "temperature": 0.0})
+    for payload in warmup_payloads(trace, num_requests, server.model, vocab_size):
+        server.request(COMPLETIONS_PATH, payload)
     return time.perf_counter() - start
 
 

@@ -102,8 +102,12 @@ def test_print_commands_writes_the_script_and_starts_nothing(tmp_path):
     assert server.startswith("VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.cli.main serve /models/Kimi-K3 ")
     assert "--tensor-parallel-size 8" in server
     commands = [Path(line.split()[0]).name for line in lines if not line.startswith("#")][1:]
-    assert commands == ["until"] + ["curl", "aiperf"] * 3, "the server is waited for, then each point"
+    assert commands == ["until", "curl"] + ["curl", "aiperf"] * 3, "wait, warm up, each point"
     rows = [json.loads(line) for line in (tmp_path / "aiperf_trace.jsonl").read_text().splitlines()]
+    warmup = json.loads((tmp_path / "warmup_0.json").read_text())     # the first request, as a cell sends it first
+    assert f"-d @{tmp_path / 'warmup_0.json'}" in lines[-7] and "/v1/completions" in lines[-7]
+    assert (len(warmup["prompt"]), warmup["max_tokens"], warmup["model"]) == (
+        len(rows[0]["payload"]["prompt"]), rows[0]["output_length"], rows[0]["payload"]["model"])
     longest = max(len(r["payload"]["prompt"]) + r["output_length"] for r in rows)
     assert longest <= app.backend.max_prompt_tokens + app.backend.max_tokens <= int(
         shlex.split(server)[shlex.split(server).index("--max-model-len") + 1]), "every request fits the server"
