@@ -11,13 +11,12 @@ import random
 import numpy as np
 import pytest
 import torch
-from engine_groups import group_of, run_rank, runs_ordered
+from engine_groups import STARTS_FILE, group_of, run_rank, runs_ordered
 from run_guard import pytest_addoption, pytest_sessionfinish
 from run_guard import pytest_collection_modifyitems as _guard_collection
 from run_guard import pytest_configure as _guard_configure
 
 __all__ = ["pytest_addoption", "pytest_sessionfinish"]
-STARTS_FILE = "engine_starts.json"   # what tests/e2e/conftest.py's pool writes when it closes
 ALL_CORES_ENV = "K3_TEST_ALL_CORES"   # the cores the run may use, before a worker keeps one (tensor-parallel engines)
 
 

@@ -23,6 +23,7 @@ STOCK_CELL_GROUP = {"draft_length_on": "vllm_base", "draft_length_off": "vllm_ba
                     "moe_dedup_off": "vllm_toggles"}
 # Modules whose tests share memoized results: module path -> unit name.
 SHARED_MODULES = {"tests/unit/sim/test_sim_toggles.py": "sim_toggles"}
+STARTS_FILE = "engine_starts.json"   # the engine starts an e2e pool writes when it closes (tests/e2e/conftest.py)
 ENGINE_BENCHMARK = "tests/benchmarks/test_vllm_engine.py"   # the engine start and generation on `base`
 E2E_DIR = "tests/e2e/"
 # The order the engine tests run in, so that each engine starts once per process (the pool keeps one alive):

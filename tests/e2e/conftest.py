@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from engine_groups import STARTS_FILE
 from vllm_pool import close_shared_pool, require_vllm, shared_pool
 
 
@@ -20,5 +21,3 @@ def pool(tmp_path_factory):
     close_shared_pool()     # (the engine benchmark's fixture may have closed it already)
     (tmp_path_factory.getbasetemp() / STARTS_FILE).write_text(json.dumps(engines.starts))
 
-
-STARTS_FILE = "engine_starts.json"

@@ -251,18 +251,18 @@ def compare_clients(backend: VllmBackendConfig, model: ModelConfig, toggles: dic
     if repeats < 1:
         raise ValueError(f"compare_clients: repeats must be at least 1, got {repeats}")
     cfg, cut = _served(backend, model, toggles, trace, model_cache)
-    runs = {(name, r): make_client(name) for r in range(repeats) for name in clients}
+    runs = [(name, r, make_client(name), out_dir / f"{name}.r{r}") for r in range(repeats) for name in clients]
     out: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in backend.concurrencies}
                                                        for name in clients}
     with serving(cfg, backend, out_dir) as (server, _):
-        for (name, r), client in runs.items():
+        for _, _, client, run_dir in runs:
             client.setup()
-            (out_dir / f"{name}.r{r}").mkdir(exist_ok=True)
-            client.prepare(cut, out_dir / f"{name}.r{r}", server.model, cfg.resolved_model_dir(), model.vocab_size)
+            run_dir.mkdir(exist_ok=True)
+            client.prepare(cut, run_dir, server.model, cfg.resolved_model_dir(), model.vocab_size)
         warm_up(server, cut, backend.warmup_requests, model.vocab_size)
         for concurrency in backend.concurrencies:
-            for (name, r), client in runs.items():
+            for name, r, client, run_dir in runs:
                 log.info("vllm serve: concurrency %d, %s replay %d of %d", concurrency, name, r + 1, repeats)
-                out[name][concurrency].append(_point(server, client, out_dir / f"{name}.r{r}", len(cut.requests),
-                                                     concurrency, backend.replay_timeout_s))
+                out[name][concurrency].append(_point(server, client, run_dir, len(cut.requests), concurrency,
+                                                     backend.replay_timeout_s))
     return out
