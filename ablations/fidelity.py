@@ -17,12 +17,16 @@ metrics, all off's included, are predictions.
 Reported per cell: the relative error of total throughput, TTFT p50, P90 interactivity and prefix hit rate; per
 toggle and metric:
 the measured effect against all off, the noise (the all-off repeats' range), and whether the simulator moves the
-metric the same way, judged where the measured effect is beyond the noise.
+metric the same way, judged where the measured effect is beyond the noise. With `--paired` every toggle cell runs
+between two all-off runs (off, A, off, B, ..., off) and its effect is its relative change against their mean, so
+that a machine whose speed drifts slowly moves both alike; the noise is then the largest relative change from one
+all-off run to the next (`paired_effects`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -72,11 +76,19 @@ def ran_schedule(result: dict[str, Any]) -> Schedule:
     return tuple(tuple(e) for e in spec.get("num_speculative_tokens_per_batch_size") or ())
 
 
-def vllm_cells(players: tuple[str, ...], repeats: int, toggle_repeats: int = 1) -> list[tuple[str, int]]:
+def vllm_cells(players: tuple[str, ...], repeats: int, toggle_repeats: int = 1, paired: bool = False
+               ) -> list[tuple[str, int]]:
     """(cell label, repeat) of every vLLM cell in run order: each toggle alone and all on, with all off `repeats`
     times spread over the run (first, between, last), so that its range also holds the machine's drift; each
-    toggle cell's further repeats (`toggle_repeats` runs each in all, their mean compared) before the last all off."""
+    toggle cell's further repeats (`toggle_repeats` runs each in all, their mean compared) before the last all off.
+    `paired`: an all-off run before every toggle run and after the last (`repeats` unused)."""
     others = list(dict.fromkeys([(p, 0) for p in players] + [(label(players, players), 0)]))
+    if paired:
+        order: list[tuple[str, int]] = []
+        for r in range(toggle_repeats):
+            for cell, _ in others:
+                order += [(ALL_OFF, len(order) // 2), (cell, r)]
+        return [*order, (ALL_OFF, len(order) // 2)]
     gaps = max(repeats - 1, 1)
     cells = []
     for r in range(repeats):
@@ -255,12 +267,47 @@ def _sign(x: float, noise: float) -> int:
     return 0 if abs(x) <= noise else (1 if x > 0 else -1)
 
 
+def _relative(x: float, base: float) -> float:
+    if base:
+        return x / base - 1
+    return 0.0 if x == base else math.nan
+
+
+def paired_effects(sequence: list[tuple[str, dict[str, float]]]
+                   ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """From vLLM cells in run order, all off alternating with the toggle cells: per toggle cell and metric, the mean
+    over its runs of each run's relative change against the mean of the all-off runs either side of it; and per
+    metric the noise, the largest relative change from one all-off run to the next (two cells apart, as a toggle
+    run's two neighbours are)."""
+    effects: dict[str, list[dict[str, float]]] = {}
+    for i, (cell, metrics) in enumerate(sequence):
+        if cell == ALL_OFF:
+            continue
+        sides = [sequence[j] for j in (i - 1, i + 1) if 0 <= j < len(sequence)]
+        if len(sides) != 2 or any(side != ALL_OFF for side, _ in sides):
+            raise ValueError(f"fidelity: {cell} (run {i + 1} of {len(sequence)}) lacks an all-off run on both sides; "
+                             "a paired run alternates all off with the toggle cells")
+        effects.setdefault(cell, []).append(
+            {m: _relative(metrics[m], statistics.mean(s[m] for _, s in sides)) for m in METRICS})
+    offs = [metrics for cell, metrics in sequence if cell == ALL_OFF]
+    noise = {}
+    for m in METRICS:
+        steps = [abs(_relative(b[m], a[m])) for a, b in itertools.pairwise(offs)]
+        noise[m] = max((x for x in steps if not math.isnan(x)), default=math.nan)
+    return {cell: {m: statistics.mean(r[m] for r in runs) for m in METRICS} for cell, runs in effects.items()}, noise
+
+
 def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, dict[str, float]],
-            players: tuple[str, ...]) -> dict[str, Any]:
+            players: tuple[str, ...], sequence: list[tuple[str, dict[str, float]]] | None = None
+            ) -> dict[str, Any]:
     """Per cell, the error of each metric; per toggle and metric, the measured and predicted effect against all off,
-    the noise (all off's range over its repeats) and whether the directions agree (None: within the noise)."""
+    the noise (all off's range over its repeats) and whether the directions agree (None: within the noise).
+    `sequence` (the runs in order, paired): effects and noise relative, as `paired_effects` gives them."""
     base = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
     noise = {m: max(r[m] for r in measured[ALL_OFF]) - min(r[m] for r in measured[ALL_OFF]) for m in METRICS}
+    paired = None
+    if sequence is not None:
+        paired, noise = paired_effects(sequence)
     cells = []
     for cell, runs in measured.items():
         vllm = {m: statistics.mean(r[m] for r in runs) for m in METRICS}
@@ -272,22 +319,29 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
     on_cells = [c for c in measured if c != ALL_OFF]
     for cell in on_cells:
         for m in METRICS:
-            effect = statistics.mean(r[m] for r in measured[cell]) - base[m]
-            sim_effect = predicted[cell][m] - predicted[ALL_OFF][m]
+            if paired is None:
+                effect = statistics.mean(r[m] for r in measured[cell]) - base[m]
+                sim_effect = predicted[cell][m] - predicted[ALL_OFF][m]
+            else:
+                effect, sim_effect = paired[cell][m], _relative(predicted[cell][m], predicted[ALL_OFF][m])
             beyond = abs(effect) > noise[m]
             toggles.append({"cell": cell, "metric": m, "vllm_effect": effect, "sim_effect": sim_effect,
                             "noise": noise[m], "beyond_noise": beyond,
                             "agree": (_sign(effect, 0) == _sign(sim_effect, 0)) if beyond else None})
-    return {"players": list(players), "noise": noise, "cells": cells, "toggles": toggles}
+    return {"players": list(players), "noise": noise, "cells": cells, "toggles": toggles,
+            "relative": paired is not None}
 
 
 def compare_points(measured: dict[int, dict[str, list[dict[str, float]]]],
-                   predicted: dict[int, dict[str, dict[str, float]]], players: tuple[str, ...]) -> dict[str, Any]:
+                   predicted: dict[int, dict[str, dict[str, float]]], players: tuple[str, ...],
+                   sequences: dict[int, list[tuple[str, dict[str, float]]]] | None = None) -> dict[str, Any]:
     """`compare` at each concurrency (keys: live sessions), against that concurrency's own all off and noise; every
-    row and the noise carry their concurrency."""
-    out: dict[str, Any] = {"players": list(players), "noise": [], "cells": [], "toggles": []}
+    row and the noise carry their concurrency. `sequences`: each concurrency's runs in order (paired)."""
+    out: dict[str, Any] = {"players": list(players), "noise": [], "cells": [], "toggles": [],
+                           "relative": sequences is not None}
     for concurrency in measured:
-        one = compare(measured[concurrency], predicted[concurrency], players)
+        one = compare(measured[concurrency], predicted[concurrency], players,
+                      None if sequences is None else sequences[concurrency])
         out["noise"].append({"concurrency": concurrency, **one["noise"]})
         out["cells"] += [{"concurrency": concurrency, **row} for row in one["cells"]]
         out["toggles"] += [{"concurrency": concurrency, **row} for row in one["toggles"]]
@@ -323,19 +377,26 @@ def table(out: dict[str, Any]) -> str:
                      f"{v['ttft_p50_s']:>15.3f}{s['ttft_p50_s']:>8.3f}{e['ttft_p50_s']:>8.1%}"
                      f"{v['interactivity_p90']:>16.2f}{s['interactivity_p90']:>8.2f}{e['interactivity_p90']:>8.1%}"
                      f"{v['prefix_hit_rate']:>10.3f}{s['prefix_hit_rate']:>7.3f}")
-    lines.append(f"{'toggle cell':<40}{'metric':<20}{'vLLM effect':>12}{'noise':>10}{'sim effect':>12}  direction")
+    relative = out.get("relative", False)
+    lines.append(f"{'toggle cell':<40}{'metric':<20}{'vLLM effect':>12}{'noise':>10}{'sim effect':>12}  direction"
+                 + ("  (relative: against the all-off runs either side)" if relative else ""))
     for t in out["toggles"]:
         verdict = "within noise" if t["agree"] is None else ("agrees" if t["agree"] else "DISAGREES")
-        lines.append(f"{_short(t):<40}{t['metric']:<20}{t['vllm_effect']:>12.3g}{t['noise']:>10.3g}"
-                     f"{t['sim_effect']:>12.3g}  {verdict}")
+        form = ".1%" if relative else ".3g"
+        lines.append(f"{_short(t):<40}{t['metric']:<20}{t['vllm_effect']:>12{form}}{t['noise']:>10{form}}"
+                     f"{t['sim_effect']:>12{form}}  {verdict}")
     return "\n".join(lines)
 
 
 def plot(out: dict[str, Any], path: Path) -> Path:
-    """Measured against predicted total throughput per cell, as paired bars."""
+    """Measured against predicted total throughput per cell, as paired bars; in a paired run below it each toggle
+    cell's throughput effect, measured and predicted, the noise as a band."""
     plt = _pyplot()
     cells = out["cells"]
-    fig, ax = plt.subplots(figsize=(max(7.5, 0.5 * len(cells)), 4.2), dpi=120)
+    relative = out.get("relative", False)
+    fig, axes = plt.subplots(2 if relative else 1, 1, figsize=(max(7.5, 0.5 * len(cells)), 7.6 if relative else 4.2),
+                             dpi=120, squeeze=False)
+    ax = axes[0][0]
     try:
         xs = range(len(cells))
         mean = [c["vllm"]["total_throughput"] for c in cells]
@@ -350,11 +411,30 @@ def plot(out: dict[str, Any], path: Path) -> Path:
         ax.set_title(f"k3_tiny on vLLM-CPU vs the simulator (host fitted on all off: {host_line(out['host'])})",
                      fontsize=8)
         ax.legend(fontsize=8)
+        if relative:
+            _plot_effects(axes[1][0], out)
         fig.tight_layout()
         fig.savefig(path)
     finally:
         plt.close(fig)
     return Path(path)
+
+
+def _plot_effects(ax, out: dict[str, Any]) -> None:
+    rows = [t for t in out["toggles"] if t["metric"] == "total_throughput"]
+    noise = {n["concurrency"]: n["total_throughput"] for n in out["noise"]}
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [100 * t["vllm_effect"] for t in rows], 0.4,
+           label="vLLM-CPU: against the all-off runs either side")
+    ax.bar([x + 0.2 for x in xs], [100 * t["sim_effect"] for t in rows], 0.4, label="simulator: against all off")
+    for x, t in zip(xs, rows, strict=True):
+        band = 100 * noise[t["concurrency"]]
+        ax.fill_between([x - 0.45, x + 0.45], -band, band, color="grey", alpha=0.2, lw=0,
+                        label="noise: all off from one run to the next" if x == 0 else None)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(list(xs), [_short(t).replace("+", "+\n") for t in rows], fontsize=6)
+    ax.set_ylabel("total throughput effect (%)")
+    ax.legend(fontsize=8)
 
 
 def cell_points(result: dict[str, Any], concurrencies: list[int]) -> dict[int, dict[str, float]]:
@@ -381,13 +461,18 @@ def predict(sim: SimCells, host: Host, cells: dict[int, list[str]], schedules: d
 
 
 def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
-        progress: Callable[[str], None] | None = print, toggle_repeats: int = 1) -> dict[str, Any]:
+        progress: Callable[[str], None] | None = print, toggle_repeats: int = 1, paired: bool = False
+        ) -> dict[str, Any]:
     """Every vLLM cell (kept under `root/vllm`), the simulator's prediction of each at each concurrency, the
-    comparison; writes `root/fidelity.json` and `root/fidelity.png` and returns the comparison."""
+    comparison (`paired`: as `vllm_cells` and `paired_effects` say); writes `root/fidelity.json` and
+    `root/fidelity.png` and returns the comparison."""
     say = progress or (lambda _line: None)
     sim = SimCells(overrides)
-    wanted = vllm_cells(sim.players, repeats, toggle_repeats)
+    wanted = vllm_cells(sim.players, repeats, toggle_repeats, paired)
+    if paired:
+        repeats = sum(cell == ALL_OFF for cell, _ in wanted)
     measured: dict[int, dict[str, list[dict[str, float]]]] = {c: {} for c in sim.concurrencies}
+    sequences: dict[int, list[tuple[str, dict[str, float]]]] = {c: [] for c in sim.concurrencies}
     schedules: dict[str, Schedule] = {}
     off_steps: list[list[dict[str, Any]]] = []
     for n, (cell, repeat) in enumerate(wanted, 1):
@@ -396,6 +481,7 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
         points = cell_points(result, sim.concurrencies)
         for concurrency, metrics in points.items():
             measured[concurrency].setdefault(cell, []).append({m: metrics[m] for m in METRICS})
+            sequences[concurrency].append((cell, measured[concurrency][cell][-1]))
         schedules[cell] = ran_schedule(result)
         if cell == ALL_OFF:
             if not result["cell"].get("steps"):
@@ -411,7 +497,8 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     predicted = predict(sim, host, {c: list(cells) for c, cells in measured.items()}, schedules)
     out = {"host": asdict(host), "host_fit": {k: v for k, v in fitted.items() if k != "host"},
            "hardware": asdict(sim.hardware_with(host)), "mode": sim.app.backend.mode,
-           "trace_requests": len(sim.trace.requests), **compare_points(measured, predicted, sim.players)}
+           "trace_requests": len(sim.trace.requests), "order": [list(w) for w in wanted],
+           **compare_points(measured, predicted, sim.players, sequences if paired else None)}
     root.mkdir(parents=True, exist_ok=True)
     (root / "fidelity.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(out, root / "fidelity.png")
@@ -425,12 +512,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="all-off repeats, the noise (default: 3)")
     parser.add_argument("--toggle-repeats", type=int, default=1,
                         help="runs of each toggle cell, their mean compared (default: 1)")
+    parser.add_argument("--paired", action="store_true",
+                        help="an all-off run before every toggle run and after the last, each toggle judged against "
+                             "the two beside it (relative changes); --repeats unused (default folders: "
+                             "outputs/fidelity_paired, outputs/fidelity_serve_paired)")
     parser.add_argument("--serve", action="store_true",
                         help="serving cells (backend.mode=serve: a server per cell, the client's closed loop at each "
                              "of backend.concurrencies) instead of in-process replays")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every vLLM cell, e.g. backend.num_requests=4")
     args = parser.parse_args(argv)
-    args.out = args.out or Path("outputs/fidelity_serve" if args.serve else "outputs/fidelity")
+    args.out = args.out or Path("outputs/fidelity" + ("_serve" if args.serve else "") + ("_paired" if args.paired
+                                                                                        else ""))
     logging.basicConfig(level=logging.WARNING)
     try:
         if args.repeats < 2:
@@ -438,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.toggle_repeats < 1:
             raise ValueError(f"--toggle-repeats: {args.toggle_repeats}; valid: 1 or more")
         out = run(args.out, args.repeats, (*(SERVE_OVERRIDES if args.serve else ()), *args.overrides),
-                  progress=lambda line: print(line, file=sys.stderr, flush=True), toggle_repeats=args.toggle_repeats)
+                  progress=lambda line: print(line, file=sys.stderr, flush=True), toggle_repeats=args.toggle_repeats,
+                  paired=args.paired)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -140,6 +140,56 @@ def test_errors_effects_noise_and_directions(tmp_path):
     assert fidelity.plot({"host": host, **points}, tmp_path / "f.png").stat().st_size > 0
 
 
+def test_a_paired_run_puts_an_all_off_run_on_both_sides_of_every_toggle_run():
+    assert fidelity.vllm_cells(("a", "b"), 3, paired=True) == [
+        (ALL_OFF, 0), ("a", 0), (ALL_OFF, 1), ("b", 0), (ALL_OFF, 2), ("a+b", 0), (ALL_OFF, 3)]
+    twice = fidelity.vllm_cells(("a", "b"), 3, toggle_repeats=2, paired=True)
+    assert len(twice) == 13 and twice[6:8] == [(ALL_OFF, 3), ("a", 1)] and twice[-1] == (ALL_OFF, 6)
+    assert [r for cell, r in twice if cell == ALL_OFF] == list(range(7))
+
+
+def _drifting():
+    """All off 100, 102, 104, 106 tokens/s (the machine speeding up 2% a cell pair), the toggles between."""
+    return [(ALL_OFF, _m(100, 1.0, 10)), ("a", _m(101 * 1.10, 1.0, 10)), (ALL_OFF, _m(102, 1.0, 10)),
+            ("b", _m(103 * 0.95, 1.0, 10)), (ALL_OFF, _m(104, 1.0, 10)), ("a+b", _m(105 * 1.01, 1.0, 10)),
+            (ALL_OFF, _m(106, 1.0, 10))]
+
+
+def test_a_paired_toggles_effect_is_against_the_all_off_runs_beside_it_so_drift_cancels():
+    effects, noise = fidelity.paired_effects(_drifting())
+    assert effects["a"]["total_throughput"] == pytest.approx(0.10)
+    assert effects["b"]["total_throughput"] == pytest.approx(-0.05)
+    assert effects["a+b"]["total_throughput"] == pytest.approx(0.01)
+    assert noise["total_throughput"] == pytest.approx(0.02)             # 100 -> 102, the largest step
+    assert noise["ttft_p50_s"] == 0.0 and effects["a"]["ttft_p50_s"] == 0.0
+    # two runs of one toggle: their mean
+    again = [*_drifting(), ("a", _m(107 * 1.20, 1.0, 10)), (ALL_OFF, _m(108, 1.0, 10))]
+    assert fidelity.paired_effects(again)[0]["a"]["total_throughput"] == pytest.approx(0.15)
+    with pytest.raises(ValueError, match=r"b \(run 4 of 5\) lacks an all-off run on both sides"):
+        fidelity.paired_effects([*_drifting()[:3], ("b", _m(1, 1, 1)), ("a", _m(1, 1, 1))])
+
+
+def test_a_paired_comparison_judges_relative_effects_beyond_the_next_run_noise(tmp_path):
+    sequence = _drifting()
+    measured: dict = {}
+    for cell, metrics in sequence:
+        measured.setdefault(cell, []).append(metrics)
+    predicted = {ALL_OFF: _m(100, 1.0, 10), "a": _m(90, 1.0, 10), "b": _m(80, 1.0, 10), "a+b": _m(150, 1.0, 10)}
+    out = fidelity.compare_points({1: measured}, {1: predicted}, ("a", "b"), {1: sequence})
+    assert out["relative"] is True
+    tput = {t["cell"]: t for t in out["toggles"] if t["metric"] == "total_throughput"}
+    assert tput["a"]["sim_effect"] == pytest.approx(-0.10) and tput["a"]["agree"] is False
+    assert tput["b"]["agree"] is True                           # -5% measured beyond 2%, -20% predicted
+    assert tput["a+b"]["agree"] is None                         # +1%: within 2%
+    # the all-off range (6 tokens/s) would have hidden b's -5 (97.85 against a mean of 103)
+    assert fidelity.compare(measured, predicted, ("a", "b"))["toggles"][4]["agree"] is None
+    host = {"per_step_us": 1.0, "per_token_us": 2.0, "per_request_us": 3.0}
+    fit = {"steps": 9, "gap_us": 1.0, "explained": 0.5, "residual_ms": {"with_prefill": 0.0, "decode_only": 1.0}}
+    text = fidelity.table({"host": host, "host_fit": fit, **out})
+    assert "relative: against the all-off runs either side" in text and "-10.0%" in text and "2.0%" in text
+    assert fidelity.plot({"host": host, **out}, tmp_path / "f.png").stat().st_size > 0
+
+
 def test_each_concurrency_is_compared_against_its_own_all_off():
     measured = {1: {ALL_OFF: [_m(100, 1.0, 10), _m(100, 1.0, 10)], "x": [_m(90, 1.0, 10)]},
                 4: {ALL_OFF: [_m(300, 2.0, 5), _m(310, 2.0, 5)], "x": [_m(330, 2.0, 5)]}}
