@@ -98,17 +98,18 @@ def vllm_cells(players: tuple[str, ...], repeats: int, toggle_repeats: int = 1, 
     return cells[:-1] + [(cell, r) for r in range(1, toggle_repeats) for cell, _ in others] + cells[-1:]
 
 
-def _cell_config(cell: str, repeat: int, overrides: tuple[str, ...] = (), repeats: int = 1):
+def _cell_config(cell: str, repeat: int, overrides: tuple[str, ...] = ()):
+    # ablation.repeats only bounds the repeat: at repeat + 1, a cell's config (and hash) is the same in every run
+    # order, so that a longer run (more repeats, --paired) reuses the cells it shares with a shorter one
     cfg = compose_config([VLLM_EXPERIMENT, *VLLM_OVERRIDES, f"ablation.cell={cell}", f"ablation.repeat={repeat}",
-                          f"ablation.repeats={max(repeats, repeat + 1)}", *overrides])
+                          f"ablation.repeats={repeat + 1}", *overrides])
     return apply_cell(cfg)
 
 
-def run_vllm_cell(cell: str, repeat: int, root: Path, overrides: tuple[str, ...] = (), repeats: int = 1
-                  ) -> dict[str, Any]:
+def run_vllm_cell(cell: str, repeat: int, root: Path, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """The vLLM-CPU cell's result: read back from `root/vllm/<cell>.r<repeat>` when it finished there for the same
     config, else run (an engine start, the replay, the stop) and written there."""
-    cfg = _cell_config(cell, repeat, overrides, repeats)
+    cfg = _cell_config(cell, repeat, overrides)
     config = OmegaConf.to_container(cfg, resolve=True)
     out_dir = root / "vllm" / f"{cell}.r{repeat}"
     done = finished(out_dir, config_hash(config))
@@ -482,15 +483,13 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     say = progress or (lambda _line: None)
     sim = SimCells(overrides)
     wanted = vllm_cells(sim.players, repeats, toggle_repeats, paired)
-    if paired:
-        repeats = sum(cell == ALL_OFF for cell, _ in wanted)
     measured: dict[int, dict[str, list[dict[str, float]]]] = {c: {} for c in sim.concurrencies}
     sequences: dict[int, list[tuple[str, dict[str, float]]]] = {c: [] for c in sim.concurrencies}
     schedules: dict[str, Schedule] = {}
     off_steps: list[list[dict[str, Any]]] = []
     for n, (cell, repeat) in enumerate(wanted, 1):
         start = time.perf_counter()
-        result = run_vllm_cell(cell, repeat, root, overrides, repeats)
+        result = run_vllm_cell(cell, repeat, root, overrides)
         points = cell_points(result, sim.concurrencies)
         for concurrency, metrics in points.items():
             measured[concurrency].setdefault(cell, []).append({m: metrics[m] for m in METRICS})
