@@ -280,6 +280,14 @@ def _relative(x: float, base: float) -> float:
     return 0.0 if x == base else math.nan
 
 
+def by_cell(sequence: list[tuple[str, dict[str, float]]]) -> dict[str, list[dict[str, float]]]:
+    """Runs in order as each cell's runs (cells in the order of their first run)."""
+    out: dict[str, list[dict[str, float]]] = {}
+    for cell, metrics in sequence:
+        out.setdefault(cell, []).append(metrics)
+    return out
+
+
 def paired_effects(sequence: list[tuple[str, dict[str, float]]]
                    ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """From vLLM cells in run order, all off alternating with the toggle cells: per toggle cell and metric, the mean
@@ -311,10 +319,11 @@ def compare(measured: dict[str, list[dict[str, float]]], predicted: dict[str, di
     the noise (all off's range over its repeats) and whether the directions agree (None: within the noise; a
     simulated effect under SIM_NONE of all off's value is no move, so it agrees with none).
     `sequence` (the runs in order, paired): effects and noise relative, as `paired_effects` gives them."""
-    base = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
-    noise = {m: max(r[m] for r in measured[ALL_OFF]) - min(r[m] for r in measured[ALL_OFF]) for m in METRICS}
-    paired = None
-    if sequence is not None:
+    if sequence is None:
+        paired = None
+        base = {m: statistics.mean(r[m] for r in measured[ALL_OFF]) for m in METRICS}
+        noise = {m: max(r[m] for r in measured[ALL_OFF]) - min(r[m] for r in measured[ALL_OFF]) for m in METRICS}
+    else:
         paired, noise = paired_effects(sequence)
     cells = []
     for cell, runs in measured.items():
@@ -483,7 +492,6 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     say = progress or (lambda _line: None)
     sim = SimCells(overrides)
     wanted = vllm_cells(sim.players, repeats, toggle_repeats, paired)
-    measured: dict[int, dict[str, list[dict[str, float]]]] = {c: {} for c in sim.concurrencies}
     sequences: dict[int, list[tuple[str, dict[str, float]]]] = {c: [] for c in sim.concurrencies}
     schedules: dict[str, Schedule] = {}
     off_steps: list[list[dict[str, Any]]] = []
@@ -492,8 +500,7 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
         result = run_vllm_cell(cell, repeat, root, overrides)
         points = cell_points(result, sim.concurrencies)
         for concurrency, metrics in points.items():
-            measured[concurrency].setdefault(cell, []).append({m: metrics[m] for m in METRICS})
-            sequences[concurrency].append((cell, measured[concurrency][cell][-1]))
+            sequences[concurrency].append((cell, {m: metrics[m] for m in METRICS}))
         schedules[cell] = ran_schedule(result)
         if cell == ALL_OFF:
             if not result["cell"].get("steps"):
@@ -506,6 +513,7 @@ def run(root: Path, repeats: int = 3, overrides: tuple[str, ...] = (),
     fitted = fit_host_steps(off_steps, sim.kernel_seconds())
     host = fitted["host"]
     say(f"host fitted on all off steps: {host_line(asdict(host))}")
+    measured = {c: by_cell(sequence) for c, sequence in sequences.items()}
     predicted = predict(sim, host, {c: list(cells) for c, cells in measured.items()}, schedules)
     out = {"host": asdict(host), "host_fit": {k: v for k, v in fitted.items() if k != "host"},
            "hardware": asdict(sim.hardware_with(host)), "mode": sim.app.backend.mode,

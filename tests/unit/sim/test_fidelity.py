@@ -171,9 +171,8 @@ def test_a_paired_toggles_effect_is_against_the_all_off_runs_beside_it_so_drift_
 
 def test_a_paired_comparison_judges_relative_effects_beyond_the_next_run_noise(tmp_path):
     sequence = _drifting()
-    measured: dict = {}
-    for cell, metrics in sequence:
-        measured.setdefault(cell, []).append(metrics)
+    measured = fidelity.by_cell(sequence)
+    assert list(measured) == [ALL_OFF, "a", "b", "a+b"] and len(measured[ALL_OFF]) == 4
     predicted = {ALL_OFF: _m(100, 1.0, 10), "a": _m(90, 1.0, 10), "b": _m(80, 1.0, 10), "a+b": _m(150, 1.0, 10)}
     out = fidelity.compare_points({1: measured}, {1: predicted}, ("a", "b"), {1: sequence})
     assert out["relative"] is True
