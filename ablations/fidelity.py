@@ -9,7 +9,8 @@ of `backend.concurrencies` live sessions, each point compared on its own); a fin
 the next run, as in a sweep. The simulator replays the same cut trace for the same toggle vector on
 `model=k3_tiny`, `hardware=cpu` (the calibrated profile), fp32, one device, the engine's step budget, sequence
 limit and cache size. The host's work is fitted, not predicted: per engine step, per scheduled token and per
-scheduled request (`host_overhead_us`, `host_us_per_token`, `host_us_per_request`), and once in the first step
+scheduled request, per scheduled decode or verification (`host_overhead_us`, `host_us_per_token`,
+`host_us_per_request`, `host_us_per_decode`), and once in the first step
 (`host_first_step_us`), fitted on the steps vLLM-CPU ran in the all-off cells (`fit_host_steps`: each step's
 recorded seconds less the simulator's kernel time for what it scheduled, `backends/vllm/steps.py`); every cell's
 metrics, all off's included, are predictions.
@@ -158,7 +159,8 @@ class SimCells:
     def hardware_with(self, host: Host) -> HardwareConfig:
         """The cpu profile with `host`'s overheads, their source the fit."""
         return replace(self.hardware, host_overhead_us=host.per_step_us, host_us_per_token=host.per_token_us,
-                       host_us_per_request=host.per_request_us, host_first_step_us=host.first_step_us,
+                       host_us_per_request=host.per_request_us, host_us_per_decode=host.per_decode_us,
+                       host_first_step_us=host.first_step_us,
                        sources={**self.hardware.sources, **dict.fromkeys(HOST_FIGURES, FITTED)})
 
     def metrics(self, cell: str, host: Host, schedule: Schedule = (), concurrency: int | None = None
@@ -200,12 +202,13 @@ class SimCells:
 
 @dataclass(frozen=True)
 class Host:
-    """The host's work per engine step, per scheduled token and per scheduled request, and once in the first step
-    (µs)."""
+    """The host's work per engine step, per scheduled token, per scheduled request and per scheduled decode or
+    verification, and once in the first step (µs)."""
 
     per_step_us: float
     per_token_us: float = 0.0
     per_request_us: float = 0.0
+    per_decode_us: float = 0.0
     first_step_us: float = 0.0
 
 
@@ -226,19 +229,21 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _host_row(requests: list[list[int]]) -> list[float]:
-    """A recorded step's terms of the host fit: 1, tokens scheduled, requests scheduled."""
-    return [1.0, sum(r[0] for r in requests), len(requests)]
+    """A recorded step's terms of the host fit: 1, tokens scheduled, requests scheduled, decodes and verifications
+    scheduled."""
+    decodes = sum(kind != "prefill" for *_, kind in step_seqs(requests))
+    return [1.0, sum(r[0] for r in requests), len(requests), decodes]
 
 
 def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[list[list[int]]], float]
                    ) -> dict[str, Any]:
     """The host overheads from vLLM-CPU's own steps (`steps.read_steps` records of each run): least squares of each
-    step's seconds less `kernel_seconds` of what it scheduled, on [1, tokens scheduled, requests scheduled], every
-    coefficient >= 0; the cost per step also takes the median gap from one step's end to the next one's start (the
-    engine's loop outside the step). A run's first step is left out of the fit: it carries the engine's one-time
-    initialisation (seconds on vLLM-CPU), the mean of whose excess over the fit is the first-step cost. Returns the
-    Host and what the fit saw: steps, the fraction of the residual's variance the fit explains, the mean residual
-    left in steps with and without a prefill chunk."""
+    step's seconds less `kernel_seconds` of what it scheduled, on [1, tokens scheduled, requests scheduled, decodes
+    and verifications scheduled], every coefficient >= 0; the cost per step also takes the median gap from one
+    step's end to the next one's start (the engine's loop outside the step). A run's first step is left out of the
+    fit: it carries the engine's one-time initialisation (seconds on vLLM-CPU), the mean of whose excess over the
+    fit is the first-step cost. Returns the Host and what the fit saw: steps, the fraction of the residual's
+    variance the fit explains, the mean residual left in steps with and without a prefill chunk."""
     rows, left_s, prefills, gaps, firsts = [], [], [], [], []
     for steps in runs:
         if not steps:
@@ -262,9 +267,9 @@ def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[l
     by_kind = {name: left[np.array(prefills) == flag] for name, flag in (("with_prefill", True),
                                                                         ("decode_only", False))}
     first = max(statistics.mean(s - float(np.dot(coef, r)) for r, s in firsts), 0.0)
-    per_step, per_token, per_request = coef * 1e6
+    per_step, per_token, per_request, per_decode = coef * 1e6
     spread = float(((y - y.mean()) ** 2).sum())
-    return {"host": Host(per_step + gap * 1e6, per_token, per_request, first * 1e6), "steps": len(rows),
+    return {"host": Host(per_step + gap * 1e6, per_token, per_request, per_decode, first * 1e6), "steps": len(rows),
             "gap_us": gap * 1e6, "first_step_s": first,
             "explained": 1 - float(left @ left) / spread if spread else 1.0,
             "residual_ms": {k: float(v.mean()) * 1e3 if v.size else math.nan for k, v in by_kind.items()}}
@@ -369,7 +374,7 @@ def compare_points(measured: dict[int, dict[str, list[dict[str, float]]]],
 def host_line(host: dict[str, float]) -> str:
     """The fitted host costs in words."""
     return (f"{host['per_step_us']:.0f} us per step, {host['per_token_us']:.0f} us per token, "
-            f"{host['per_request_us']:.0f} us per request")
+            f"{host['per_request_us']:.0f} us per request, {host.get('per_decode_us', 0.0):.0f} us per decode")
 
 
 def _short(row: dict[str, Any]) -> str:

@@ -11,9 +11,10 @@ from opts.vllm_setting import PLATFORMS
 
 FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp4_tflops", "price_per_gpu_hour",
            "link_bandwidth_gb_s", "link_latency_us", "launch_us", "host_overhead_us", "host_us_per_token",
-           "host_us_per_request", "host_first_step_us")
+           "host_us_per_request", "host_us_per_decode", "host_first_step_us")
 # The host's figures, fitted together where an engine's steps are measured (python -m ablations.fidelity).
-HOST_FIGURES = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_first_step_us")
+HOST_FIGURES = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_us_per_decode",
+                "host_first_step_us")
 # What the simulator cannot do without (besides an efficiency per kernel class); the link only with two devices
 # or more (one device never all-reduces).
 MODEL_FIGURES = ("memory_gb", "bandwidth_tb_s", "peak_bf16_tflops", "link_bandwidth_gb_s")
@@ -30,9 +31,11 @@ class HardwareConfig:
     in TFLOP/s; `price_per_gpu_hour` in USD; the link each device reaches the others over
     (`link_bandwidth_gb_s`: one direction, 10^9 bytes/s; `link_latency_us` per hop); a kernel launch
     (`launch_us`) and the host's work per engine step (`host_overhead_us`), per token it schedules
-    (`host_us_per_token`), per request it schedules (`host_us_per_request`: a prefill chunk or a decode) and
-    once, in the engine's first step (`host_first_step_us`: vLLM-CPU's first forward initialises lazily; 0 where
-    an engine is warmed up before it serves); `efficiency[kernel class]`, the
+    (`host_us_per_token`), per request it schedules (`host_us_per_request`: a prefill chunk or a decode), per
+    decode or verification on top of that (`host_us_per_decode`: on vLLM-CPU most of a decode's time lies outside
+    the kernels the simulator prices, `python -m ablations.fidelity`) and once, in the engine's first step
+    (`host_first_step_us`: vLLM-CPU's first forward initialises lazily; 0 where an engine is warmed up before it
+    serves); `efficiency[kernel class]`, the
     fraction of peak and of bandwidth a class reaches. A figure of 0 is unknown; a known one, and every
     efficiency, names its source (or says assumed) in `sources[figure]` / `sources["efficiency.<class>"]`."""
 
@@ -51,6 +54,7 @@ class HardwareConfig:
     host_overhead_us: float = 0.0
     host_us_per_token: float = 0.0
     host_us_per_request: float = 0.0
+    host_us_per_decode: float = 0.0
     host_first_step_us: float = 0.0
     efficiency: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)

@@ -43,6 +43,7 @@ FEATURES = ("step", "experts", "prefill", "n_prefill", "q_prefill", "c_prefill",
 MIXED = 14
 TOKEN_FEATURES = (FEATURES.index("q_prefill"), FEATURES.index("q_decode"))   # the tokens a step schedules
 REQUEST_FEATURES = (FEATURES.index("n_prefill"), FEATURES.index("n_decode"))  # the requests it schedules
+DECODE_FEATURE = FEATURES.index("n_decode")                                   # its decodes and verifications
 NUM_FEATURES = len(FEATURES)
 FIELDS = ("flops", "bytes", "kernels", "comm_bytes", "collectives")
 FIT_RTOL = 1e-6
@@ -199,13 +200,14 @@ class StepModel:
                 both[:, :, 1].sum(1) / bandwidth)
 
     def _host(self, hw: HardwareConfig) -> None:
-        # the host's work: per step, per token the step schedules (its prefill and its decode tokens) and per
-        # request (its prefill chunks and its decodes)
+        # the host's work: per step, per token the step schedules (its prefill and its decode tokens), per
+        # request (its prefill chunks and its decodes) and per decode
         self.host_s = host_seconds(hw, 0)
         self.first_step_s = hw.host_first_step_us * 1e-6
         self._fixed = self._device_fixed.copy()
         self._fixed[list(TOKEN_FEATURES)] += host_seconds(hw, 1) - self.host_s
         self._fixed[list(REQUEST_FEATURES)] += host_seconds(hw, 0, 1) - self.host_s
+        self._fixed[DECODE_FEATURE] += host_seconds(hw, 0, 0, 1) - self.host_s
 
     def with_host(self, hw: HardwareConfig) -> StepModel:
         """This model with `hw`'s host overheads (the rest of `hw` unread): a fit of them re-prices nothing else."""
@@ -300,7 +302,8 @@ class StepModel:
     def exact_time(self, seqs: Sequence[Seq]) -> float:
         """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
         return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, self.mech), self.hw,
-                         self.parallel, self.classes, sum(q.new_tokens for q in seqs), len(seqs)).total_s
+                         self.parallel, self.classes, sum(q.new_tokens for q in seqs), len(seqs),
+                         sum(q.kind != "prefill" for q in seqs)).total_s
 
 
 class DraftSteps:

@@ -66,11 +66,12 @@ def efficiency(hw: HardwareConfig, kernel: str) -> float:
 
 
 def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
-              classes: dict[str, str] | None = None, tokens: int = 0, requests: int = 0) -> StepTime:
+              classes: dict[str, str] | None = None, tokens: int = 0, requests: int = 0, decodes: int = 0
+              ) -> StepTime:
     """The step's time: each cost name a pass of its own, one after the other on one stream, at max(FLOPs /
     (peak·eff), bytes / (bandwidth·eff)) with its kernel class's efficiency (BF16 peak: the experts run W4A16);
-    launches × launch cost, the all-reduces, the host's overhead (per step, per token of the `tokens` and per
-    request of the `requests` the step schedules)."""
+    launches × launch cost, the all-reduces, the host's overhead (per step, per token of the `tokens`, per
+    request of the `requests` and per decode of the `decodes` the step schedules)."""
     _modelled(hw)
     peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
     comm = Cost.total(costs.values())
@@ -80,13 +81,15 @@ def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
         kernels += kernel_time(cost, peak, bandwidth, e, e)
     launches = comm.kernels * hw.launch_us * 1e-6
     return StepTime(kernels, launches, allreduce_s(comm.comm_bytes, comm.collectives, parallel.tp, hw),
-                    host_seconds(hw, tokens, requests) if costs else 0.0)
+                    host_seconds(hw, tokens, requests, decodes) if costs else 0.0)
 
 
-def host_seconds(hw: HardwareConfig, tokens: int | float, requests: int | float = 0) -> float:
-    """The host's work for a step that schedules `tokens` tokens of `requests` requests: per step, plus per token,
-    plus per request."""
-    return (hw.host_overhead_us + tokens * hw.host_us_per_token + requests * hw.host_us_per_request) * 1e-6
+def host_seconds(hw: HardwareConfig, tokens: int | float, requests: int | float = 0, decodes: int | float = 0
+                 ) -> float:
+    """The host's work for a step that schedules `tokens` tokens of `requests` requests, `decodes` of them decodes
+    or verifications: per step, plus per token, plus per request, plus per decode."""
+    return (hw.host_overhead_us + tokens * hw.host_us_per_token + requests * hw.host_us_per_request
+            + decodes * hw.host_us_per_decode) * 1e-6
 
 
 def roofline_s(costs: dict[str, Cost], hw: HardwareConfig) -> float:

@@ -51,7 +51,7 @@ def test_the_cells_are_all_off_repeated_each_toggle_alone_and_all_on():
 
 
 def _recorded(per_step_s: float, per_token_s: float, per_request_s: float, gap_s: float, kernel_s,
-              first_s: float = 0.0) -> list[dict]:
+              first_s: float = 0.0, per_decode_s: float = 0.0) -> list[dict]:
     """Steps as steps.read_steps gives them: a prefill chunk beside 0-3 decodes, then 1-4 decodes alone; the first
     step `first_s` longer."""
     out, t = [], 0.0
@@ -59,7 +59,7 @@ def _recorded(per_step_s: float, per_token_s: float, per_request_s: float, gap_s
         requests = ([[64 * (i % 3 + 1), 0, 512, 0]] if i < 6 else []) + [[1, 600, 500, 0]] * (i % 4 + 1)
         tokens = sum(r[0] for r in requests)
         end = (t + kernel_s(requests) + per_step_s + per_token_s * tokens + per_request_s * len(requests)
-               + (first_s if i == 0 else 0.0))
+               + per_decode_s * (i % 4 + 1) + (first_s if i == 0 else 0.0))
         out.append({"start": t, "end": end, "requests": requests})
         t = end + gap_s
     return out
@@ -86,6 +86,10 @@ def test_the_step_fit_recovers_the_host_costs_the_steps_were_timed_with():
     alone = fidelity.fit_host_steps([_recorded(0.0, 0.0, 0.04, 0.0, kernel_s)], kernel_s)["host"]
     assert (alone.per_step_us, alone.per_token_us) == pytest.approx((0.0, 0.0), abs=1e-6)
     assert alone.per_request_us == pytest.approx(40_000.0)
+    # a cost per decode on top of the one per request: told apart from it (the prefill chunks pay only the latter)
+    both = fidelity.fit_host_steps([_recorded(0.01, 0.0, 0.005, 0.0, kernel_s, per_decode_s=0.03)], kernel_s)
+    assert (both["host"].per_request_us, both["host"].per_decode_us) == pytest.approx((5_000.0, 30_000.0))
+    assert both["explained"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="1 recorded all-off step"):
         fidelity.fit_host_steps([runs[0][:2], []], kernel_s)
 
@@ -96,6 +100,14 @@ def test_a_host_cost_per_request_slows_the_steps_that_hold_more_requests(sim):
     shared = sim.metrics(ALL_OFF, fidelity.Host(0.0, per_request_us=40_000.0))
     assert shared["interactivity_p90"] < plain["interactivity_p90"]
     assert shared["total_throughput"] < plain["total_throughput"]
+
+
+def test_a_host_cost_per_decode_slows_the_decodes_and_leaves_the_first_token_alone(sim):
+    """A cost per decode moves the time between tokens, not TTFT (a prefill-only step pays none of it)."""
+    plain = sim.metrics(ALL_OFF, fidelity.Host(40_000.0))
+    decodes = sim.metrics(ALL_OFF, fidelity.Host(40_000.0, per_decode_us=30_000.0))
+    assert decodes["interactivity_p90"] < plain["interactivity_p90"]
+    assert decodes["total_throughput"] < plain["total_throughput"]
 
 
 def test_the_first_steps_one_time_cost_delays_every_request_of_the_first_step(sim):

@@ -58,18 +58,21 @@ def test_a_cost_not_linear_in_the_features_is_refused():
         fit(squared, SimModel())
 
 
-def test_the_host_work_per_token_and_per_request_is_priced_per_scheduled_token_and_request_fast_and_exact():
+def test_the_host_work_per_token_request_and_decode_is_priced_per_scheduled_one_fast_and_exact():
     from dataclasses import replace
 
     hw = node("mi355x_x8")
-    per_token = replace(hw, host_us_per_token=30.0, host_us_per_request=700.0,
-                        sources={**hw.sources, "host_us_per_token": "assumed", "host_us_per_request": "assumed"})
+    per_token = replace(hw, host_us_per_token=30.0, host_us_per_request=700.0, host_us_per_decode=400.0,
+                        sources={**hw.sources, "host_us_per_token": "assumed", "host_us_per_request": "assumed",
+                                 "host_us_per_decode": "assumed"})
     base, model = StepModel(SimModel(), Parallel(), hw, 3), StepModel(SimModel(), Parallel(), per_token, 3)
     kinds = set()
     for seqs in probe_steps(seed=99, count=10, kind="verify"):
         tokens = sum(s.new_tokens for s in seqs)
         kinds |= {s.kind for s in seqs}
-        assert model.time(seqs) == pytest.approx(base.time(seqs) + tokens * 30e-6 + len(seqs) * 700e-6, rel=RTOL)
+        decodes = sum(s.kind != "prefill" for s in seqs)
+        assert model.time(seqs) == pytest.approx(base.time(seqs) + tokens * 30e-6 + len(seqs) * 700e-6
+                                                 + decodes * 400e-6, rel=RTOL)
         assert model.exact_time(seqs) == pytest.approx(model.time(seqs), rel=RTOL)
         assert base.with_host(per_token).time(seqs) == pytest.approx(model.time(seqs), rel=RTOL)
     assert model.with_host(hw).time(seqs) == pytest.approx(base.time(seqs), rel=RTOL)
