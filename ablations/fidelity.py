@@ -2,15 +2,14 @@
 
 The cells are the vLLM-CPU main job's (`experiment=main_vllm_cpu`: the first 8 requests of `agentx_small`, every
 session starting at once, answers cut to 16 tokens), with the prompts uncut (`VLLM_OVERRIDES`): all off (repeated,
-for the run-to-run noise),
-each wired toggle alone, all on. vLLM-CPU runs each as a fresh in-process engine, every session live at once, or
-with `--serve` as a serving cell (`backend.mode=serve`: a fresh server per cell, the client's closed loop at each
-of `backend.concurrencies` live sessions, each point compared on its own); a finished cell is kept and reused on
-the next run, as in a sweep. The simulator replays the same cut trace for the same toggle vector on
-`model=k3_tiny`, `hardware=cpu` (the calibrated profile), fp32, one device, the engine's step budget, sequence
-limit and cache size. The host's work is fitted, not predicted: per engine step, per scheduled token and per
-scheduled request, per scheduled decode or verification (`host_overhead_us`, `host_us_per_token`,
-`host_us_per_request`, `host_us_per_decode`), and once in the first step
+for the run-to-run noise), each wired toggle alone, all on. vLLM-CPU runs each as a fresh in-process engine, every
+session live at once, or with `--serve` as a serving cell (`backend.mode=serve`: a fresh server per cell, the
+client's closed loop at each of `backend.concurrencies` live sessions over the first 16 requests, each point
+compared on its own); a finished cell is kept and reused on the next run, as in a sweep. The simulator replays the
+same cut trace for the same toggle vector on `model=k3_tiny`, `hardware=cpu` (the calibrated profile), fp32, one
+device, the engine's step budget, sequence limit and cache size. The host's work is fitted, not predicted: per
+engine step, per scheduled token, per scheduled request and per scheduled decode or verification
+(`host_overhead_us`, `host_us_per_token`, `host_us_per_request`, `host_us_per_decode`), and once in the first step
 (`host_first_step_us`), fitted on the steps vLLM-CPU ran in the all-off cells (`fit_host_steps`: each step's
 recorded seconds less the simulator's kernel time for what it scheduled, `backends/vllm/steps.py`); every cell's
 metrics, all off's included, are predictions.
@@ -62,7 +61,9 @@ VLLM_EXPERIMENT = "experiment=main_vllm_cpu"
 # Prompts uncut: 4,096 tokens hold agentx_small's longest prompt (3,926) and answer, so that a later turn extends its
 # previous one as in the trace (cut at main_vllm_cpu's 512 tokens, a later turn would repeat its predecessor's prompt).
 VLLM_OVERRIDES = ("backend.max_model_len=4096", "backend.max_prompt_tokens=4080")
-SERVE_OVERRIDES = ("backend.mode=serve",)
+# A serving point replays 16 requests, not 8: at 8 (a point at one session 13-16 s) the machine's swings from one
+# cell to the next (16-35%) hid every toggle's effect but the prefix hits.
+SERVE_OVERRIDES = ("backend.mode=serve", "backend.num_requests=16")
 SIM_MODEL = "k3_tiny"
 METRICS = ("total_throughput", "ttft_p50_s", "interactivity_p90", "prefix_hit_rate")
 Schedule = tuple[tuple[int, int, int], ...]
@@ -543,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                              "outputs/fidelity_paired, outputs/fidelity_serve_paired)")
     parser.add_argument("--serve", action="store_true",
                         help="serving cells (backend.mode=serve: a server per cell, the client's closed loop at each "
-                             "of backend.concurrencies) instead of in-process replays")
+                             "of backend.concurrencies over the first 16 requests) instead of in-process replays")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every vLLM cell, e.g. backend.num_requests=4")
     args = parser.parse_args(argv)
     args.out = args.out or Path("outputs/fidelity" + ("_serve" if args.serve else "") + ("_paired" if args.paired

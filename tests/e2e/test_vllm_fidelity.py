@@ -24,7 +24,7 @@ def test_fidelity_runs_vllm_cells_and_keeps_them(tmp_path, capsys):
     assert "host fitted on all off" in capsys.readouterr().out
     assert out["host_fit"]["steps"] > 0, "the host is fitted on the all-off cells' recorded steps"
     host = out["host"]
-    assert min(host.values()) >= 0 and host["per_step_us"] + host["per_request_us"] > 0
+    assert min(host.values()) >= 0 and host["per_step_us"] + host["per_request_us"] + host["per_decode_us"] > 0
     assert math.isfinite(out["host_fit"]["explained"])
     done = sorted(p.parent.name for p in (tmp_path / "vllm").rglob("result.json"))
     assert done == ["all_off.r0", "all_off.r1", "draft_length.r0"]
