@@ -73,14 +73,15 @@ def features(m: SimModel, seqs: Sequence[Seq]) -> np.ndarray:
 
 
 def draft_seqs(seqs: Sequence[Seq]) -> list[Seq]:
-    """What each later MTP pass runs: one token per decoding request, after the tokens this step verified."""
-    return [Seq(1, s.context + s.new_tokens, "decode") for s in seqs if s.kind != "prefill"]
+    """What each later MTP pass runs: one token per request of the step, prefill chunks included, after the tokens
+    this step computed (vLLM's drafter runs its later passes over every row of the batch)."""
+    return [Seq(1, s.context + s.new_tokens, "decode") for s in seqs]
 
 
 def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int,
                 mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """The reference: the target pass over `seqs` and, with `num_drafts` K > 0, the MTP's first pass over the same
-    tokens and K - 1 more over one token per decoding request (`draft_seqs`; their costs named "later_<name>"),
+    tokens and K - 1 more over one token per request (`draft_seqs`; their costs named "later_<name>"),
     with the toggles' `mech`anisms. Each name is a pass of its own (`timing.step_time`)."""
     seqs = list(seqs)
     out = step_costs(m, p, seqs, mech)
@@ -151,7 +152,7 @@ class StepModel:
     toggles' kernel classes (`classes`) and cost `mech`anisms: `time(seqs)` for one step, `times(rows)`
     for a batch of feature rows (`batch_features`). With `mech.latent_up_tier` (moe_dedup tiered) it holds the
     passes' coefficients of both MoE tails and prices each pass with the one its own tokens pick: the target pass
-    and the MTP's first by the step's tokens, each later MTP pass by its decoding requests."""
+    and the MTP's first by the step's tokens, each later MTP pass by its requests."""
 
     def __init__(self, m: SimModel, p: Parallel, hw: HardwareConfig, num_drafts: int, *,
                  classes: dict[str, str] | None = None, mech: Mechanisms = STOCK) -> None:
@@ -243,20 +244,24 @@ class StepModel:
             head[8:14] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
             if chunks:                                      # decodes or verifications beside a prefill
                 head[MIXED:MIXED + 6] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
-            draft[:2] = (1.0, self._experts(n))
-            draft[8:14] = (1.0, n, n, 0.0, 0.0, n)
+        requests = n + len(chunks)                          # each later MTP pass: one token per request
+        if requests:
+            draft[:2] = (1.0, self._experts(requests))
+            draft[8:14] = (1.0, requests, requests, 0.0, 0.0, requests)
         c = np.asarray(decode_context, dtype=float)
         rows = np.tile(np.array(head + draft), (c.size, 1))
         for new, cached in chunks:
             rows[:, 5] += cached
             rows[:, 6] += new * cached
+            rows[:, NUM_FEATURES + 11] += cached + new
         if n:
             rows[:, 11] = c
             rows[:, 12] = q * c
             if chunks:
                 rows[:, MIXED + 3] = c
                 rows[:, MIXED + 4] = q * c
-            rows[:, NUM_FEATURES + 11] = rows[:, NUM_FEATURES + 12] = c + n * q
+            rows[:, NUM_FEATURES + 11] += c + n * q
+        rows[:, NUM_FEATURES + 12] = rows[:, NUM_FEATURES + 11]
         return rows
 
     def _experts(self, tokens: int) -> float:

@@ -107,6 +107,12 @@ def test_a_long_prompt_is_prefilled_in_block_aligned_chunks_of_the_token_budget(
     assert records[0].first_token_s == pytest.approx(want, rel=1e-9) == records[0].finish_s
 
 
+def test_a_prompt_s_first_token_waits_for_every_mtp_pass_of_its_prefill():
+    trace = Trace((one_request(600, 1),), 512)
+    ttft = [replay(trace, num_drafts=k, alphas=ALPHAS[:k])[0][0].first_token_s for k in (1, 2, 3)]
+    assert ttft[0] < ttft[1] < ttft[2]
+
+
 def test_max_num_seqs_runs_requests_one_after_another():
     trace = Trace(tuple(one_request(600, 20, hash_base=100 * i) for i in range(3)), 512)
     records, _ = replay(trace, scheduler=SchedulerConfig(max_num_seqs=1))

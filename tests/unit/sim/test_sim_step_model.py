@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ablations.backends.sim.cost import STOCK, Cost, Mechanisms, Parallel, Seq, SimModel
-from ablations.backends.sim.step_model import StepModel, exact_costs, fit, probe_steps
+from ablations.backends.sim.step_model import NUM_FEATURES, StepModel, exact_costs, fit, probe_steps
 from ablations.backends.sim.timing import roofline_s
 from ablations.config import compose_app
 
@@ -50,6 +50,20 @@ def test_the_engine_rows_equal_the_rows_of_explicit_seqs():
     np.testing.assert_allclose(only_prefill, model.features(seqs[:2]), rtol=1e-12)
 
 
+def test_each_later_mtp_pass_runs_over_every_request_of_the_step_prefill_chunks_included():
+    """vLLM's drafter runs its K - 1 later passes at one token per row of the batch: a step that only prefills pays
+    them too, each as much as the one between K = 1 and K = 2."""
+    hw, prefill = node("mi355x_x8"), [Seq(3000, 20_000, "prefill"), Seq(100, 0, "prefill")]
+    times = [StepModel(SimModel(), Parallel(), hw, k).time(prefill) for k in (1, 2, 3)]
+    assert times[0] < times[1] < times[2]
+    assert times[2] - times[1] == pytest.approx(times[1] - times[0], rel=1e-6)
+    mixed = [*prefill, Seq(4, 5000, "verify")]
+    later = [Seq(1, 23_000, "decode"), Seq(1, 100, "decode"), Seq(1, 5004, "decode")]
+    model = StepModel(SimModel(), Parallel(), hw, 3)
+    np.testing.assert_allclose(model.features(mixed)[NUM_FEATURES:],
+                               model.features(later)[:NUM_FEATURES])
+
+
 def test_a_cost_not_linear_in_the_features_is_refused():
     def squared(seqs):
         tokens = sum(s.new_tokens for s in seqs)
@@ -82,8 +96,8 @@ def test_the_host_work_per_token_request_and_decode_is_priced_per_scheduled_one_
 @pytest.mark.parametrize("num_drafts", [0, 3])
 def test_tiered_prices_each_moe_pass_by_its_own_tokens(num_drafts):
     """moe_dedup tiered: a step of at most `tier` tokens as off, above it the target pass (and the MTP's first)
-    as on, each later MTP pass by its own tokens (one per decoding request): fast and exact agree."""
-    hw, parallel, tier = node("mi355x_x8"), Parallel(), 40
+    as on, each later MTP pass by its own tokens (one per request): fast and exact agree."""
+    hw, parallel, tier = node("mi355x_x8"), Parallel(), 4
     tiered = StepModel(SimModel(), parallel, hw, num_drafts, mech=Mechanisms(latent_up_tier=tier))
     off, on = (StepModel(SimModel(), parallel, hw, num_drafts, mech=Mechanisms(sharded_latent_up=s))
                for s in (False, True))
@@ -91,11 +105,11 @@ def test_tiered_prices_each_moe_pass_by_its_own_tokens(num_drafts):
     for seqs in probe_steps(seed=7, count=60, kind="verify" if num_drafts else "decode"):
         time = tiered.time(seqs)
         assert time == pytest.approx(tiered.exact_time(seqs), rel=RTOL) and time >= tiered.roofline(seqs)
-        tokens, decodes = sum(s.new_tokens for s in seqs), sum(s.kind != "prefill" for s in seqs)
+        tokens = sum(s.new_tokens for s in seqs)
         if tokens <= tier:
             assert time == pytest.approx(off.time(seqs), rel=RTOL)
             seen.add("off")
-        elif not num_drafts or not decodes or decodes > tier:       # no later pass, or one above the tier
+        elif not num_drafts or len(seqs) > tier:       # no later pass, or one above the tier
             assert time == pytest.approx(on.time(seqs), rel=RTOL)
             seen.add("on")
         else:

@@ -133,13 +133,15 @@ def test_moe_dedup_on_reads_less_per_step_and_leaves_more_cache():
 
 
 def test_moe_dedup_tiered_runs_on_above_its_threshold_with_offs_weights():
-    """tiered (256 tokens): a prefill step of 2,048 tokens as on, a decode step of 3 verifications as off; every rank
-    holds all of W_up, so the cache is off's."""
+    """tiered (256 tokens): a prefill step of 2,048 tokens as on but for its later MTP passes (one token each, as
+    off), a decode step of 3 verifications as off; every rank holds all of W_up, so the cache is off's."""
     off, on, tiered = setup(), setup(moe_dedup="on"), setup(moe_dedup="tiered")
     assert tiered.cache_gb == off.cache_gb < on.cache_gb
     prefill, decode = [Seq(2048, 0, "prefill")], [Seq(4, 5000, "verify")] * 3
     model = {name: s.steps.models[3] for name, s in (("off", off), ("on", on), ("tiered", tiered))}
-    assert model["tiered"].time(prefill) == model["on"].time(prefill) < model["off"].time(prefill)
+    assert model["on"].time(prefill) < model["tiered"].time(prefill) < model["off"].time(prefill)
+    one = {name: StepModel(m.model, m.parallel, m.hw, 1, classes=m.classes, mech=m.mech) for name, m in model.items()}
+    assert one["tiered"].time(prefill) == one["on"].time(prefill)         # K = 1: no later pass
     assert model["tiered"].time(decode) == model["off"].time(decode) > model["on"].time(decode)
 
 
