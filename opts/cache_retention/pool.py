@@ -134,6 +134,7 @@ class HybridPool:
         self.depth: dict[int, int] = {}
         self.ref: dict[int, int] = {}
         self.running: dict[int, _Running] = {}
+        self.tails: dict[int, int] = {}     # resume states cached (first group), by the token they resume at
         self.num_evictions = 0
         self.num_resumes = 0
         self.num_preemptions = 0
@@ -186,6 +187,8 @@ class HybridPool:
             key = key_of.pop(bid, None)
             if key is not None:
                 self.ahead.pop(bid, None)
+                if key[0] == RESUME_STATE:
+                    self._untail(key, bid)
                 same = cached[key]
                 if len(same) == 1:
                     del cached[key]
@@ -202,10 +205,24 @@ class HybridPool:
         self.key_of[bid] = full_key
         self.depth[bid] = depth
         self.cached.setdefault(full_key, []).append(bid)
+        if full_key[0] == RESUME_STATE and full_key[1] == 0:
+            self.tails[depth] = self.tails.get(depth, 0) + 1
+
+    def _untail(self, key: tuple, bid: int) -> None:
+        """A resume state's name is gone: one fewer cached resume point at its depth."""
+        if key[1] == 0:
+            depth = self.depth[bid]
+            left = self.tails[depth] - 1
+            if left:
+                self.tails[depth] = left
+            else:
+                del self.tails[depth]
 
     def _unhash(self, bid: int) -> None:
         self.ahead.pop(bid, None)
         key = self.key_of.pop(bid)
+        if key[0] == RESUME_STATE:
+            self._untail(key, bid)
         bids = self.cached[key]
         bids.remove(bid)
         if not bids:
@@ -273,15 +290,28 @@ class HybridPool:
                 if self._lookup(STATE, keys[j]) is not None:
                     hit = (j + 1) * self.block_size
                     break
-        if self.resume is not None and previous is not None:
-            point = self.resume.point(previous, self.speculative)
+        for point in self._resume_points(request, previous, hit):
             # the resume point's own checks (state, partial block) stand for vLLM's finer drop with MTP: one unit
-            if hit < point <= prompt - 1 and point // self.block_size <= len(matched):
+            if point <= prompt - 1 and point // self.block_size <= len(matched):
                 key = prefix_key(request, point, self.chunk_size)
                 if self._lookup(RESUME_STATE, key) is not None and (
                         point % self.block_size == 0 or self._lookup(RESUME_BLOCK, key) is not None):
                     return point, True, matched
         return hit, False, found
+
+    def _resume_points(self, request: CacheRequest, previous: CacheRequest | None, hit: int) -> list[int]:
+        """Where `request` may resume past `hit`, deepest first: at a prompt tail, wherever any request's tail is
+        cached (vLLM's prefix_match_unit lookup is by content: a sub-agent's first turn resumes from its parent's
+        tail; with MTP at least a unit before the prompt's last whole unit); at a turn's end, where the session's
+        previous turn ended."""
+        if self.resume is None:
+            return []
+        if not self.resume.at_prompt_tail:
+            point = self.resume.point(previous, self.speculative) if previous is not None else 0
+            return [point] if point > hit else []
+        unit, prompt = self.resume.unit, request.num_prompt_tokens
+        top = prompt // unit * unit - unit if self.speculative else prompt - 1
+        return sorted((p for p in self.tails if hit < p <= top), reverse=True)
 
     def blocks_needed(self, request: CacheRequest, hit: int, upto: int | None = None) -> int:
         """Pool blocks the request takes from the free list at its peak, beyond a hit of `hit` tokens (which
