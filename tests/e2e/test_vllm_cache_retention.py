@@ -1,8 +1,8 @@
 """cache_retention in vLLM-CPU: a multi-turn replay under capacity pressure, stock against evict and on.
 
 The pool model (`opts/cache_retention/pool.py`) must predict vLLM's cached tokens request by request for stock
-vLLM and for evict, and on's hit rate within ON_TOLERANCE (on's resume is vLLM's own partial-tail hit,
-`prefix_match_unit=16`, whose copy-on-write steps the model does not follow block for block). Each engine is
+vLLM, evict and on (on's resume is vLLM's own partial-tail hit, `prefix_match_unit=16`: the producer's block named
+at its prompt tail in place, a copy of the partial block on the consumer's first step). Each engine is
 in-process in a child process (one toggle vector per process; the pytest process keeps no engine state); the
 replay sends one request at a time, each turn continuing the last.
 """
@@ -35,7 +35,6 @@ NUM_BLOCKS = 44  # vLLM's pool, its null block included: 43 usable, 38% of the w
 IDLE_S = 5.0
 EVICT = {"mode": "evict", "idle_s": IDLE_S}
 ON = {"mode": "on", "idle_s": IDLE_S, "resume_from": "prompt_tail", "resume_unit": 16}
-ON_TOLERANCE = 0.01  # |model - vLLM| hit rate, in prompt-token fraction
 
 SCRIPT = """
 import json, sys
@@ -129,4 +128,4 @@ def test_on_raises_vllm_hit_rate_with_identical_outputs_and_the_model_predicts_i
     assert on["hits"] > off["hits"] * 1.03
     assert on["hits"] > replays["evict"]["hits"], "resume added no hits to evict's"
     assert on["outputs"] == off["outputs"]
-    assert abs(predicted.hit_rate - rate) <= ON_TOLERANCE
+    assert on["cached"] == predicted.hits

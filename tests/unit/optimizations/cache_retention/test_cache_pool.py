@@ -67,11 +67,12 @@ def test_a_request_larger_than_the_pool_is_a_capacity_error_naming_it():
         assert run(stream, TOY, 5, CacheRetentionConfig(mode=mode)).hits == [0, 0]
 
 
-@pytest.mark.parametrize(("num_prompt", "num_output", "need"), [(9, 2, 5), (11, 2, 6), (11, 6, 6)])
+@pytest.mark.parametrize(("num_prompt", "num_output", "need"), [(9, 2, 5), (11, 2, 5), (11, 6, 6)])
 def test_prompt_tail_needs_blocks_only_for_the_copies_it_makes(num_prompt, num_output, need):
     """prompt_tail, unit 1. 9 + 2: the tail point 8 is the checkpoint itself, no copy: 3 blocks + 2 states = 5.
-    11 + 2: point 10 > 8; right after the prompt (3 blocks, 1 state) a state copy and a partial block copy: 6, one more
-    than its 3 blocks + 2 states. 11 + 6: 6 either way (16 tokens: 4 blocks + 2 states)."""
+    11 + 2: point 10 > 8; right after the prompt (3 blocks, 1 state) a state copy, while the partial block keeps its
+    tail name in place (vLLM names the producer's own block, no copy): 5, its 3 blocks + 2 states. 11 + 6: 6 (16
+    tokens: 4 blocks + 2 states)."""
     stream = CacheStream((request(0, 1, tokens("a", num_prompt + num_output), num_prompt, num_output, "A"),), 4)
     config = CacheRetentionConfig(mode="resume", resume_from="prompt_tail")
     assert run(stream, TOY, need, config).hits == [0]

@@ -79,13 +79,16 @@ def test_a_resume_skips_the_checkpoint_a_recompute_would_cache():
     assert replay(stream, TOY, 64, LruFreeList(), resume=Resume()).hits == [0, 10, 4]
 
 
-def test_a_prompt_tail_is_hit_by_content_by_any_request():
-    """prompt_tail, unit 1: A0's prompt of 10 keeps its tail at 9 (a state, and block 2 holding tokens 8-9). S, a
-    sub-agent whose prompt starts with A0's 10, resumes there: vLLM's lookup is by content, not by session (by
-    session S would hit A0's checkpoint at 8). Chunks of one token, so that content is named exactly."""
+def test_a_prompt_tail_is_hit_by_content_and_a_partial_hit_copies_its_block():
+    """prompt_tail, unit 1: A0's prompt of 10 keeps its tail at 9 (a state copy; block 2, tokens 8-11, named at 9 in
+    place). S, a sub-agent whose prompt starts with A0's 10, resumes there: vLLM's lookup is by content, not by session
+    (by session S would hit A0's checkpoint at 8). S copies block 2 to a block of its own (copy on write), so the tail
+    stays cached for A1, A0's next turn (had S taken the block over, A1 would hit 8). Chunks of one token, so that
+    content is named exactly."""
     a = tokens("a", 16)
     stream = CacheStream((request(0, 1, a, 10, 2, "A", chunk_size=1),
-                          request(2, 3, a[:10] + tokens("s", 4), 14, 1, "S", chunk_size=1, parent="A")), 1)
+                          request(2, 3, a[:10] + tokens("s", 4), 14, 1, "S", chunk_size=1, parent="A"),
+                          request(4, 5, a, 15, 1, "A", continues=0, chunk_size=1)), 1)
     stats = replay(stream, TOY, 64, LruFreeList(), resume=Resume(at_prompt_tail=True, unit=1))
-    assert stats.hits == [0, 9]
-    assert stats.num_resumes == 1
+    assert stats.hits == [0, 9, 9]
+    assert stats.num_resumes == 2
