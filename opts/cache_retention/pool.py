@@ -332,7 +332,8 @@ class HybridPool:
     def blocks_needed(self, request: CacheRequest, hit: int, upto: int | None = None) -> int:
         """Pool blocks the request takes from the free list at its peak, beyond a hit of `hit` tokens (which
         holds its blocks and one state): its attention blocks, and two states at once (`upto`: for its first
-        `upto` computed tokens only, the rest left to `grow`)."""
+        `upto` computed tokens only, the rest left to `grow`). A prompt tail's partial hit holds its full blocks
+        only: its first step copies the partial block and may copy the state (`_step`)."""
         g, size = self.geometry, self.block_size
         copy = bool(hit % size) and self.resume is not None and self.resume.at_prompt_tail
         held = hit // size if copy else -(-hit // size)
@@ -346,8 +347,9 @@ class HybridPool:
         return need
 
     def _prompt_tail(self, request: CacheRequest) -> int | None:
-        """prompt_tail: where the request keeps a copy of its state (and partial block) for its session's next
-        turn; None without resume at the prompt tail or a session, or where a block checkpoint holds it."""
+        """prompt_tail: where the request keeps its tail (a copy of its state; its partial block named in place)
+        for any later request whose prompt starts with it; None without resume at the prompt tail or a session, or
+        where a block checkpoint holds it."""
         if self.resume is None or not self.resume.at_prompt_tail or request.session is None:
             return None
         point = self.resume.point(request, self.speculative)
@@ -505,8 +507,8 @@ class HybridPool:
         run.num_hashed = full
 
     def _keep_prompt_tail(self, run: _Running, request: CacheRequest) -> int | None:
-        """prompt_tail: a copy of the state and of the partial block at the prompt's tail, cached; the tail's
-        position, or None when it keeps none (`_prompt_tail`)."""
+        """prompt_tail: a copy of the state at the prompt's tail, cached, and the block holding the tail named there
+        in place (a second name when it has one); the tail's position, or None when it keeps none (`_prompt_tail`)."""
         point = self._prompt_tail(request)
         if point is None:
             return None

@@ -87,9 +87,8 @@ def exact_costs(m: SimModel, p: Parallel, seqs: Sequence[Seq], num_drafts: int,
     out = step_costs(m, p, seqs, mech)
     if num_drafts and seqs:
         out.update(mtp_costs(m, p, seqs, mech))
-        drafts = draft_seqs(seqs)
-        if drafts and num_drafts > 1:
-            for name, cost in mtp_costs(m, p, drafts, mech).items():
+        if num_drafts > 1:
+            for name, cost in mtp_costs(m, p, draft_seqs(seqs), mech).items():
                 out[f"later_{name}"] = Cost()
                 out[f"later_{name}"].add(cost, num_drafts - 1)
     return out
@@ -279,7 +278,7 @@ class StepModel:
 
     def _sharded(self, rows: np.ndarray) -> np.ndarray:
         """[steps, passes]: which passes run the sharded tail (tiered): the target's and the MTP's first by the
-        step's tokens, the later MTP passes by their own (one per decoding request)."""
+        step's tokens, the later MTP passes by their own (one per request)."""
         draft = rows[:, NUM_FEATURES + TOKEN_FEATURES[1]] > self.tier
         return np.where(self._later, draft[:, None], self._step_sharded(rows)[:, None])
 

@@ -92,3 +92,46 @@ def test_a_prompt_tail_is_hit_by_content_and_a_partial_hit_copies_its_block():
     stats = replay(stream, TOY, 64, LruFreeList(), resume=Resume(at_prompt_tail=True, unit=1))
     assert stats.hits == [0, 9, 9]
     assert stats.num_resumes == 2
+
+
+class Watching(LruFreeList):
+    """vLLM's queue; keeps the pool, counts pops of a block that holds a second name (a prompt tail's) and checks
+    that every block the pool allocates comes without a name."""
+
+    def bind(self, pool) -> None:
+        self.pool, self.second_names_evicted = pool, 0
+        alloc_many = pool._alloc_many
+
+        def checked(n, session):
+            bids = alloc_many(n, session)
+            assert not any(b in pool.key_of or b in pool.extra for b in bids), "an allocated block kept a name"
+            return bids
+        pool._alloc_many = checked
+
+    def pop(self) -> int:
+        block_id = super().pop()
+        self.second_names_evicted += block_id in self.pool.extra
+        return block_id
+
+
+def test_the_pool_s_names_stay_consistent_when_prompt_tails_are_evicted():
+    """agentx_small through the tiny model's pool at 40 blocks with prompt tails (unit 16): whatever the evictions,
+    an allocated block holds no name, every name the pool lists is one a block holds (its name or a second one,
+    once), and the tails it counts are the resume states it holds."""
+    from collections import Counter
+
+    from ablations.workload import generate, preset
+    from ablations.workload.cache_stream import cache_stream
+    from opts.cache_retention.geometry import TINY
+
+    free_list = Watching()
+    stats = replay(cache_stream(generate(preset("agentx_small"), seed=0)), TINY, 40, free_list,
+                   resume=Resume(at_prompt_tail=True, unit=16))
+    pool = free_list.pool
+    assert stats.num_resumes > 0 and free_list.second_names_evicted > 0
+    listed = Counter((key, bid) for key, bids in pool.cached.items() for bid in bids)
+    held = Counter([(key, bid) for bid, key in pool.key_of.items()]
+                   + [(key, bid) for bid, keys in pool.extra.items() for key in keys])
+    assert listed == held and max(listed.values()) == 1
+    assert pool.tails == Counter(pool.depth[bid] for bid, key in pool.key_of.items()
+                                 if key[0] == RESUME_STATE and key[1] == 0)
