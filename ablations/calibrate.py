@@ -203,14 +203,14 @@ def calibrated(base: HardwareConfig, peaks: Peaks, fits: dict[str, Fit], device:
     """`base` with the measured figures and efficiencies in place of its own, each source saying how and where."""
     sources = dict(base.sources)
     sources.update({
-        "memory_gb": f"{MEASURED}, {when}: the device's memory",
+        "memory": f"{MEASURED}, {when}: the device's memory",
         "bandwidth_tb_s": f"{MEASURED}, {when}: a 256 MB copy, bytes read + written",
         "peak_bf16_tflops": f"{MEASURED}, {when}: the fastest of "
                             f"{', '.join(f'{n}^3' for n in PEAK_GEMM_SIZES)} BF16 GEMMs",
         "launch_us": f"{MEASURED}, {when}: per-call time of a one-element add",
     })
     sources.update({f"efficiency.{k}": f.source(when) for k, f in fits.items()})
-    return replace(base, name=name, device=device, memory_gb=round(peaks.memory_gb, 1),
+    return replace(base, name=name, device=device, memory=round(peaks.memory_gb, 1), memory_unit="GB",
                    bandwidth_tb_s=round(peaks.bandwidth / 1e12, 5), peak_bf16_tflops=round(peaks.flops / 1e12, 4),
                    launch_us=round(peaks.launch_s * 1e6, 2),
                    efficiency={**base.efficiency, **{k: round(f.efficiency, 4) for k, f in fits.items()}},
@@ -219,8 +219,9 @@ def calibrated(base: HardwareConfig, peaks: Peaks, fits: dict[str, Fit], device:
 
 def profile_yaml(hw: HardwareConfig, header: str) -> str:
     """The profile as a `conf/hardware` option: a comment, the schema default, every field."""
-    body = {k: v for k, v in asdict(hw).items() if k in ("name", "platform", "device", "num_devices") or
-            k in FIGURES or k in ("efficiency", "sources")}
+    body = {k: v for k, v in asdict(hw).items() if k in ("name", "platform", "device", "num_devices", "memory_unit",
+                                                            "capability") or
+            k in FIGURES or k in ("efficiency", "stock_classes", "sources", "ranges")}
     defaults = yaml.safe_dump({"defaults": ["/hardware_schema@_here_", "_self_"]}, sort_keys=False)
     return f"# {header}\n{defaults}\n{yaml.safe_dump(body, sort_keys=False, width=120)}"
 

@@ -13,6 +13,7 @@ from unittest.mock import ANY
 
 import procs
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
@@ -32,24 +33,26 @@ MOONCAKE = {"workload.preset": None, "workload.block_size": 512, "workload.sched
 NEEDS = {("model", "kimi_k3"): ["model.checkpoint=/ckpt"]}
 
 
-EFFICIENCY = {"gemm": 0.7, "moe": 0.5, "attention": 0.5, "recurrent": 0.4, "elementwise": 0.8}
+def flat(node: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def gpu_node(name: str, platform: str, device: str, memory: float, bandwidth: float, bf16: float, fp4: float,
-             price: float, link: float, vendor_attention: float | None = None) -> dict:
-    """What a GPU node's hardware option changes: its figures, the simulator's profile (link, launch, host
-    overhead, efficiency per kernel class), and a source for every known value."""
-    figures = {"memory_gb": memory, "bandwidth_tb_s": bandwidth, "peak_bf16_tflops": bf16, "peak_fp4_tflops": fp4,
-               "price_per_gpu_hour": price, "link_bandwidth_gb_s": link, "link_latency_us": 5.0, "launch_us": 5.0,
-               "host_overhead_us": 1000.0}
-    out = {"hardware.name": name, "hardware.platform": platform, "hardware.device": device,
-           "hardware.num_devices": 8, **{f"hardware.{k}": v for k, v in figures.items() if v},
-           **{f"hardware.efficiency.{k}": v for k, v in EFFICIENCY.items()}}
-    out.update({f"hardware.sources.{k}": ANY for k, v in figures.items() if v})
-    out.update({f"hardware.sources.efficiency.{k}": ANY for k in EFFICIENCY})
-    if vendor_attention is not None:
-        out.update({"hardware.efficiency.attention_vendor": vendor_attention,
-                    "hardware.sources.efficiency.attention_vendor": ANY})
+def gpu_node(name: str) -> dict:
+    """What a GPU node's hardware option changes: every value its file gives that the default composition (the cpu
+    profile) does not, each source as any text; so the schema adds nothing and the composition drops nothing."""
+    profile = yaml.safe_load((CONF_DIR / "hardware" / f"{name}.yaml").read_text())
+    assert profile.pop("defaults") == ["/hardware_schema@_here_", "_self_"]
+    base = flat(asdict(compose_app([])))
+    out = {}
+    for key, value in flat({"hardware": profile}).items():
+        if base.get(key) != value:
+            out[key] = ANY if key.startswith("hardware.sources.") else value
     return out
 
 
@@ -64,8 +67,7 @@ CHANGES = {
         "shapley_sampled": {"ablation.design": "shapley_sampled"},
         "repeat": {"ablation.repeats": 3},
         "main": {"ablation.design": "factorial", "ablation.metric": "tput_per_gpu_at_slo", "model.name": "kimi_k3",
-                 **gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 537.5,
-                            0.65),
+                 **gpu_node("mi355x_x8"),
                  **SIM_BACKEND, "backend.workers": 1, "backend.bracket_from": 4},
         "main_vllm_cpu": {"ablation.design": "factorial", "workload.name": "agentx_small",
                           "workload.preset": "agentx_small",
@@ -75,10 +77,9 @@ CHANGES = {
     "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"}},
     "hardware": {
         "cpu": {},
-        "mi355x_x8": {**gpu_node("mi355x_x8", "rocm", "AMD Instinct MI355X", 288.0, 8.0, 2500.0, 10100.0, 1.5, 537.5,
-                                    0.65)},
-        "b300_x8": {**gpu_node("b300_x8", "cuda", "NVIDIA B300", 288.0, 8.0, 2250.0, 13500.0, 2.26, 900.0)},
-        "h200_x8": {**gpu_node("h200_x8", "cuda", "NVIDIA H200", 141.0, 4.8, 990.0, 0.0, 0.0, 450.0)},
+        "mi355x_x8": gpu_node("mi355x_x8"),
+        "b300_x8": gpu_node("b300_x8"),
+        "h200_x8": gpu_node("h200_x8"),
     },
     "paths": {"default": {}},
     "backend": {"vllm": VLLM_BACKEND, "sim": SIM_BACKEND},
@@ -102,16 +103,6 @@ CHANGES = {
     },
 }
 ENTRY_POINTS = [(group, option) for group, options in CHANGES.items() for option in options]
-
-
-def flat(node: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in node.items():
-        if isinstance(value, dict) and value:
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def changes(overrides: list[str]) -> dict:
@@ -177,7 +168,7 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("backend.max_tokens=4", "backend.max_tokens: no backend is selected (the default is null); valid: add "
                                  "backend=sim or backend=vllm"),
         ("backend=sim backend.max_tokens=4", "backend: unknown field(s) max_tokens; valid fields: bracket_from, "
-                                             "cache_gb, concurrency, kv_dtype"),
+                                             "cache_gb, concurrency, cudagraph_mode, experts"),
         ("paths.root=x", "paths: unknown field(s) root; valid fields: model_cache, output_root"),
         ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, "
                           "mooncake_conversation, mooncake_synthetic"),

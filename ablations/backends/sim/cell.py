@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ablations.backends.sim.config import KV_DTYPES, SimBackendConfig
+from ablations.backends.sim.config import SimBackendConfig, graphs, served_model
 from ablations.backends.sim.cost import Mechanisms, Parallel, SimModel
 from ablations.backends.sim.engine import EngineStats, SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.step_model import DecodeSeconds, DraftSteps, StepModel
@@ -125,7 +125,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     if problems:
         raise ValueError(problems[0])
     applied = settings(toggles, hardware.platform)
-    model = replace(MODELS[model_name], kv_bytes=KV_DTYPES[backend.kv_dtype])
+    model = served_model(backend, MODELS[model_name], hardware.platform)
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
     fused = {stage for s in applied.values() for stage in s.fused}
     mech = Mechanisms(packed_kda=any(s.packed_kda for s in applied.values()),
@@ -134,18 +134,19 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
                       latent_up_tier=applied["moe_dedup"].latent_up_tier,
                       sequence_parallel_moe=applied["moe_dedup"].sequence_parallel_moe,
                       fused_mla_norm="mla_norm" in fused)
-    left = cache_capacity_gb(model, parallel, hardware, mech=mech)
+    left = cache_capacity_gb(model, parallel, hardware, backend.gpu_memory_utilization, backend.non_kv_gb, mech=mech)
     if backend.cache_gb > left:
         raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
                          f"{hardware.name} has left after {model_name}'s weights; valid: 0 < cache_gb <= {left:.1f}")
     cache_gb = backend.cache_gb or left
+    launch = graphs(backend, model, hardware, applied["draft_length"].num_drafts or 0)
     classes: dict[str, str] = {}
     for setting in applied.values():
         classes.update(setting.kernel_classes)
 
     def build(k: int, mech: Mechanisms) -> StepModel:
         # a step without drafts has no verification rows for kda_overlap to move
-        return StepModel(model, parallel, hardware, k, classes=classes,
+        return StepModel(model, parallel, hardware, k, classes=classes, graphs=launch,
                          mech=mech if k else replace(mech, packed_kda=False, kda_streams=False))
 
     drafts = applied["draft_length"]

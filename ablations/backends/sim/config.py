@@ -4,12 +4,28 @@ concurrency sweep, the seed."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ablations.backends.sim.cost import MOE_SPLITS
+from ablations.backends.sim.cost import MOE_SPLITS, MXFP4_BYTES, SimModel
+from ablations.backends.sim.graphs import MODES, Graphs
+from ablations.hardware import HardwareConfig
 
 KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "fp32": 4.0}
-
+# A weight format: bytes per weight and the precision its GEMM computes in (MXFP4: a 4-bit value and an 8-bit
+# scale per 32; w4a16 dequantizes to BF16 in the kernel, w4a8 multiplies MXFP4 by MXFP8 activations).
+WEIGHT_FORMATS = {"bf16": (2.0, "bf16"), "fp8": (1.0, "fp8"), "mxfp4_w4a16": (MXFP4_BYTES, "bf16"),
+                  "mxfp4_w4a8": (MXFP4_BYTES, "fp8"), "mxfp4": (MXFP4_BYTES, "fp4")}
+# What `auto` is on each platform: vLLM 0.32's own choice for K3 (README.md, "Memory and precision"; every
+# other linear layer of K3 is BF16 on both, `quantization/mxfp4.py:91-106`, the cache "auto" = bf16).
+PLATFORM_DEFAULTS = {
+    # AITER's A16W4 MoE (`quantization/mxfp4.py:485-501`); FULL_DECODE_ONLY: no K3 module is compiled on ROCm,
+    # so prefills run eagerly (`config/compilation.py:1461-1472`)
+    "rocm": {"experts": "mxfp4_w4a16", "cudagraph_mode": "full_decode_only"},
+    # FlashInfer's TRT-LLM MXFP4 x MXFP8 MoE (`fused_moe/oracle/mxfp4.py:439-449`); K3 a breakable-graph
+    # architecture: decode full, prefill piecewise (`config/vllm.py:74-99`)
+    "cuda": {"experts": "mxfp4_w4a8", "cudagraph_mode": "full_and_piecewise"},
+    "cpu": {"cudagraph_mode": "none"},
+}
 
 @dataclass
 class SimBackendConfig:
@@ -18,7 +34,13 @@ class SimBackendConfig:
     cache in `kv_dtype`; vLLM's scheduler limits; the closed-loop `concurrency` sweep (live sessions per point;
     dense where K3 on agentx crosses 50 tok/s/user on an 8-GPU node, between 3 and 5) and the
     `target_interactivity` (tok/s/user) the headline reads the frontier at; `cache_gb` (0: what the node has left
-    after weights and a 10% reserve) sets the prefix cache per rank; `seed` draws the accepted drafts; `workers`
+    after weights and what vLLM keeps back: 1 - `gpu_memory_utilization` of the memory, its default 0.92,
+    `config/cache.py:102`, and `non_kv_gb` per rank of activations and graph pools, assumed) sets the prefix cache
+    per rank; the weight formats of the attention, dense and
+    shared-expert layers (`weights`) and of the routed experts (`experts`: `WEIGHT_FORMATS`) and the cache's
+    `kv_dtype` (`auto`: what vLLM serves K3 with on the node's platform, `PLATFORM_DEFAULTS`, else the model's
+    own); vLLM's `cudagraph_mode` (auto: the platform's default) and `max_cudagraph_capture_size` (0: vLLM's
+    default); `seed` draws the accepted drafts; `workers`
     processes run the sweep's points (0: one per core; 1: this process); `bracket_from` (0: every concurrency) runs
     only the points that bracket the target, searching from that concurrency of the list: up while interactivity
     is above the target, down while below (interactivity falls with concurrency; all an attribution of the
@@ -27,12 +49,18 @@ class SimBackendConfig:
     name: str = "sim"
     tp: int = 0
     moe: str = "ep"
-    kv_dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    weights: str = "auto"
+    experts: str = "auto"
+    cudagraph_mode: str = "auto"
+    max_cudagraph_capture_size: int = 0
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 16])
     target_interactivity: float = 50.0
     cache_gb: float = 0.0
+    gpu_memory_utilization: float = 0.92
+    non_kv_gb: float = 4.0
     seed: int = 0
     workers: int = 0
     bracket_from: int = 0
@@ -41,15 +69,20 @@ class SimBackendConfig:
         def bad(name: str, valid: str) -> ValueError:
             return ValueError(f"backend.{name}: invalid value {getattr(self, name)!r}; valid: {valid}")
 
-        for name in ("max_num_batched_tokens", "max_num_seqs", "tp", "seed", "workers"):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "tp", "seed", "workers", "max_cudagraph_capture_size"):
             value = getattr(self, name)
-            low = 0 if name in ("tp", "seed", "workers") else 1
+            low = 0 if name in ("tp", "seed", "workers", "max_cudagraph_capture_size") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise bad(name, f"an integer >= {low}")
         if self.moe not in MOE_SPLITS:
             raise bad("moe", ", ".join(MOE_SPLITS))
-        if self.kv_dtype not in KV_DTYPES:
-            raise bad("kv_dtype", ", ".join(KV_DTYPES))
+        if self.kv_dtype not in ("auto", *KV_DTYPES):
+            raise bad("kv_dtype", ", ".join(("auto", *KV_DTYPES)))
+        for name in ("weights", "experts"):
+            if getattr(self, name) not in ("auto", *WEIGHT_FORMATS):
+                raise bad(name, ", ".join(("auto", *WEIGHT_FORMATS)))
+        if self.cudagraph_mode not in ("auto", *MODES):
+            raise bad("cudagraph_mode", ", ".join(("auto", *MODES)))
         self.concurrency = list(self.concurrency)
         if not self.concurrency or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
                                        for c in self.concurrency) or len(set(self.concurrency)) != len(
@@ -57,8 +90,44 @@ class SimBackendConfig:
             raise bad("concurrency", "a non-empty list of distinct integers >= 1 (live sessions)")
         if isinstance(self.bracket_from, bool) or not (self.bracket_from == 0 or self.bracket_from in self.concurrency):
             raise bad("bracket_from", f"0 (every point) or one of backend.concurrency {self.concurrency}")
+        if isinstance(self.gpu_memory_utilization, bool) or not 0 < self.gpu_memory_utilization <= 1:
+            raise bad("gpu_memory_utilization", "a fraction in (0, 1]")
+        if isinstance(self.non_kv_gb, bool) or not self.non_kv_gb >= 0:
+            raise bad("non_kv_gb", "GB >= 0")
         for name in ("target_interactivity", "cache_gb"):
             value = getattr(self, name)
             low_ok = value > 0 if name == "target_interactivity" else value >= 0
             if isinstance(value, bool) or not isinstance(value, int | float) or not (low_ok and math.isfinite(value)):
                 raise bad(name, "a number > 0" if name == "target_interactivity" else "GB >= 0 (0: what is left)")
+
+
+def setting(backend: SimBackendConfig, name: str, platform: str) -> str:
+    """The backend's `name` (weights, experts, kv_dtype, cudagraph_mode) with `auto` resolved on `platform`."""
+    value = getattr(backend, name)
+    return PLATFORM_DEFAULTS.get(platform, {}).get(name, "auto") if value == "auto" else value
+
+
+def served_model(backend: SimBackendConfig, model: SimModel, platform: str) -> SimModel:
+    """`model` in the weight formats and cache dtype the backend serves it with on `platform` (`auto` where the
+    platform has no default: the model's own)."""
+    out = model
+    kv = setting(backend, "kv_dtype", platform)
+    if kv != "auto":
+        out = replace(out, kv_bytes=KV_DTYPES[kv])
+    weights, experts = setting(backend, "weights", platform), setting(backend, "experts", platform)
+    if weights != "auto":
+        out = replace(out, weight_bytes=WEIGHT_FORMATS[weights][0], gemm_precision=WEIGHT_FORMATS[weights][1])
+    if experts != "auto":
+        out = replace(out, expert_bytes=WEIGHT_FORMATS[experts][0], expert_precision=WEIGHT_FORMATS[experts][1])
+    return out
+
+
+def graphs(backend: SimBackendConfig, model: SimModel, hw: HardwareConfig, max_drafts: int) -> Graphs:
+    """vLLM's graph settings for the backend on `hw` with `max_drafts` speculative tokens: the mode, the largest
+    captured batch (vLLM's default: min(2·max_num_seqs·(1 + K), the device's ceiling, max_num_batched_tokens),
+    `config/vllm.py:2292-2550`) and the pieces a piecewise pass replays (its attention layers + 1)."""
+    s = model.spec
+    largest = backend.max_cudagraph_capture_size or min(2 * backend.max_num_seqs * (1 + max_drafts),
+                                                        hw.capture_ceiling, backend.max_num_batched_tokens)
+    return Graphs(mode=setting(backend, "cudagraph_mode", hw.platform), max_tokens=largest,
+                  target_pieces=s.num_kda_layers + s.num_mla_layers + 1, mtp_pieces=2)

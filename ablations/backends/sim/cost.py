@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from ablations.hardware import PRECISIONS
 from opts.fusion.sim import kda_decode_traffic, mla_norm_traffic
 from opts.k3 import K3, K3Spec
 
@@ -24,7 +25,10 @@ MXFP4_BYTES = 0.5 + 1 / 32      # a 4-bit value, and one 8-bit scale per 32 valu
 @dataclass(frozen=True)
 class SimModel:
     """K3's shapes (`spec`), the sizes its spec does not give (each assumed, from Kimi K2's published config:
-    README.md), and the bytes per element of each tensor class."""
+    README.md), the bytes per element of each tensor class, and the precision the GEMMs (attention, dense and
+    shared-expert weights) and the routed experts compute in (`gemm_precision`, `expert_precision`: bf16, fp8 or
+    fp4; MXFP4 experts dequantized to BF16 compute in bf16). `backend.weights` / `backend.experts` set both from a
+    weight format (`config.WEIGHT_FORMATS`)."""
 
     spec: K3Spec = K3
     vocab_size: int = 163840            # assumed (Kimi K2)
@@ -37,6 +41,8 @@ class SimModel:
     state_bytes: float = 4.0            # fp32 KDA recurrent state
     conv_bytes: float = 2.0             # the short conv's state, in the model dtype
     act_bytes: float = 2.0              # bf16 activations
+    gemm_precision: str = "bf16"
+    expert_precision: str = "bf16"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dense_intermediate", "kda_chunk"):
@@ -49,6 +55,15 @@ class SimModel:
         for name in ("weight_bytes", "expert_bytes", "kv_bytes", "state_bytes", "conv_bytes", "act_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SimModel.{name}: invalid value {getattr(self, name)!r}; valid: bytes > 0")
+        for name in ("gemm_precision", "expert_precision"):
+            if getattr(self, name) not in PRECISIONS:
+                raise ValueError(f"SimModel.{name}: invalid value {getattr(self, name)!r}; valid choices: "
+                                 f"{', '.join(PRECISIONS)}")
+
+    @property
+    def precisions(self) -> dict[str, str]:
+        """The precision each kernel class computes in (the classes not named: bf16)."""
+        return {"gemm": self.gemm_precision, "moe": self.expert_precision}
 
     @property
     def num_moe_layers(self) -> int:
@@ -116,8 +131,9 @@ class Seq:
 @dataclass
 class Cost:
     """Per rank: FLOPs, bytes moved from memory by kind (weights, cache: KV and KDA state, activations),
-    kernel launches, the collectives and their payload in bytes, in all-reduces: an all-gather or reduce-scatter
-    of P bytes counts as half an all-reduce of P (a ring moves (W - 1)/W of P through a rank in W - 1 hops)."""
+    kernel launches, the all-reduces (`collectives`, each of the same payload within one cost name, `comm_bytes`
+    in all) and the all-gathers and reduce-scatters (`gathers`, `gather_bytes` in all: each op's whole gathered
+    or scattered tensor)."""
 
     flops: float = 0.0
     weight_bytes: float = 0.0
@@ -126,6 +142,8 @@ class Cost:
     kernels: int = 0
     comm_bytes: float = 0.0
     collectives: float = 0.0
+    gather_bytes: float = 0.0
+    gathers: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -147,6 +165,8 @@ class Cost:
         self.kernels += int(other.kernels * times)
         self.comm_bytes += other.comm_bytes * times
         self.collectives += other.collectives * times
+        self.gather_bytes += other.gather_bytes * times
+        self.gathers += other.gathers * times
 
 
 def gemm(tokens: int, k: int, n: int, weight_bytes: float, act_bytes: float, kernels: int = 1) -> Cost:
@@ -323,8 +343,8 @@ def _moe_layer_sp(m: SimModel, t: int, tokens: int) -> dict[str, Cost]:
                                                                                     "num_experts") / s.num_experts
     experts = Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=touched * per_expert * m.expert_bytes,
                    act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
-                   comm_bytes=tokens * s.expert_latent * m.act_bytes, collectives=1.0)    # all-gather + reduce-scatter
-    latent.comm_bytes, latent.collectives = tokens * s.hidden * m.act_bytes / 2, 0.5   # the outputs' all-gather
+                   gather_bytes=2 * tokens * s.expert_latent * m.act_bytes, gathers=2)   # all-gather + reduce-scatter
+    latent.gather_bytes, latent.gathers = tokens * s.hidden * m.act_bytes, 1            # the outputs' all-gather
     return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
 
 

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ablations.backends.sim.collectives import allreduce_seconds, seconds_per_gather_byte
 from ablations.backends.sim.cost import (
     STOCK,
     Cost,
@@ -30,7 +31,15 @@ from ablations.backends.sim.cost import (
     mtp_costs,
     step_costs,
 )
-from ablations.backends.sim.timing import allreduce_s, efficiency, host_seconds, kernel_class, step_time
+from ablations.backends.sim.graphs import EAGER, Graphs, kernel_seconds
+from ablations.backends.sim.timing import (
+    StepTime,
+    efficiency,
+    host_seconds,
+    kernel_class,
+    peak_flops,
+    step_time,
+)
 from ablations.hardware import HOST_FIGURES, HardwareConfig
 from opts.draft_length.schedule import check_schedule, fixed_schedule
 
@@ -45,7 +54,8 @@ TOKEN_FEATURES = (FEATURES.index("q_prefill"), FEATURES.index("q_decode"))   # t
 REQUEST_FEATURES = (FEATURES.index("n_prefill"), FEATURES.index("n_decode"))  # the requests it schedules
 DECODE_FEATURE = FEATURES.index("n_decode")                                   # its decodes and verifications
 NUM_FEATURES = len(FEATURES)
-FIELDS = ("flops", "bytes", "kernels", "comm_bytes", "collectives")
+FIELDS = ("flops", "bytes", "kernels", "comm_bytes", "collectives", "gather_bytes", "gathers")
+Q_PREFILL, Q_DECODE, PREFILL = FEATURES.index("q_prefill"), FEATURES.index("q_decode"), FEATURES.index("prefill")
 FIT_RTOL = 1e-6
 
 
@@ -98,7 +108,8 @@ def _by_pass(costs: dict[str, Cost], names: Sequence[str]) -> np.ndarray:
     """[pass, field] totals of a step's costs, one row per cost name in `names` (each name a pass of its own)."""
     out = np.zeros((len(names), len(FIELDS)))
     for name, cost in costs.items():
-        out[names.index(name)] = (cost.flops, cost.bytes, cost.kernels, cost.comm_bytes, cost.collectives)
+        out[names.index(name)] = (cost.flops, cost.bytes, cost.kernels, cost.comm_bytes, cost.collectives,
+                                  cost.gather_bytes, cost.gathers)
     return out
 
 
@@ -148,18 +159,20 @@ def fit(fn, m: SimModel, seed: int = 0, kind: str = "verify") -> tuple[list[str]
 
 class StepModel:
     """Seconds per step of a model on a node with `num_drafts` MTP drafts per decoding request (0: none), the
-    toggles' kernel classes (`classes`) and cost `mech`anisms: `time(seqs)` for one step, `times(rows)`
-    for a batch of feature rows (`batch_features`). With `mech.latent_up_tier` (moe_dedup tiered) it holds the
-    passes' coefficients of both MoE tails and prices each pass with the one its own tokens pick: the target pass
-    and the MTP's first by the step's tokens, each later MTP pass by its requests."""
+    toggles' kernel classes (`classes`) and cost `mech`anisms, launched as vLLM's `graphs` settings say:
+    `time(seqs)` for one step, `times(rows)` for a batch of feature rows (`batch_features`). With
+    `mech.latent_up_tier` (moe_dedup tiered) it holds the passes' coefficients of both MoE tails and prices each
+    pass with the one its own tokens pick: the target pass and the MTP's first by the step's tokens, each later MTP
+    pass by its requests. Its all-reduces are priced apart from the dot products: the algorithm vLLM picks, and so
+    the seconds, depend on each one's payload (`collectives.allreduce_seconds`)."""
 
     def __init__(self, m: SimModel, p: Parallel, hw: HardwareConfig, num_drafts: int, *,
-                 classes: dict[str, str] | None = None, mech: Mechanisms = STOCK) -> None:
+                 classes: dict[str, str] | None = None, mech: Mechanisms = STOCK, graphs: Graphs = EAGER) -> None:
         if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
             raise ValueError(f"num_drafts: invalid value {num_drafts!r}; valid: an integer >= 0")
         step_time({}, hw, p)                                # the node must be modelled
         self.model, self.parallel, self.hw, self.num_drafts = m, p, hw, num_drafts
-        self.classes, self.mech = dict(classes or {}), mech
+        self.classes, self.mech, self.graphs = dict(classes or {}), mech, graphs
         self.tier = mech.latent_up_tier
         untiered = replace(mech, latent_up_tier=None)
         both = self._fit(untiered)
@@ -167,12 +180,15 @@ class StepModel:
         if self.tier is not None:       # the same passes, launches and collectives; the sharded tail's FLOPs and bytes
             self._high = self._kernel_terms(self._fit(replace(untiered, sharded_latent_up=True)))
             self._later = np.array([n.startswith("later_") for n in self.names])
-        hop = allreduce_s(0.0, 1, p.tp, hw)                 # an all-reduce's latency; its seconds per byte:
-        link = allreduce_s(1.0, 1, p.tp, hw) - hop
-        self._device_fixed = (both[:, :, 2].sum(1) * hw.launch_us * 1e-6 + both[:, :, 3].sum(1) * link
-                              + both[:, :, 4].sum(1) * hop)
+        gather_latency, gather_byte = seconds_per_gather_byte(p.tp, hw)
+        gathers = both[:, :, 5].sum(1) * gather_byte + both[:, :, 6].sum(1) * gather_latency
+        # launches per mode: full graph, piecewise, eager (graphs.py), each plus the collectives' linear part
+        self._launch = {mode: both[:, :, 2] @ np.array([kernel_seconds(n, mode, hw) for n in self.names]) + gathers
+                        for mode in ("full", "piecewise", "eager")}
+        for mode, vector in self._launch.items():
+            vector[FEATURES.index("step")] += graphs.replays(mode, num_drafts) * hw.graph_launch_us * 1e-6
+        self._allreduces = self._allreduce_groups(untiered)
         self._host(hw)
-
     def _fit(self, mech: Mechanisms) -> np.ndarray:
         """[2 · features, passes, FIELDS]: one matrix, block diagonal: [step features, MTP pass features] x [target
         passes, later passes], the later passes weighing K - 1 each; sets `names`."""
@@ -193,27 +209,73 @@ class StepModel:
     def _kernel_terms(self, both: np.ndarray) -> tuple[np.ndarray, ...]:
         """Seconds per feature of each pass's FLOPs and bytes at its class's efficiency, and the physical bound's:
         every FLOP at peak or every byte at full bandwidth (timing.roofline_s)."""
-        hw = self.hw
-        eff = np.array([efficiency(hw, kernel_class(n, self.classes)) for n in self.names])
-        peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
-        return (both[:, :, 0] / (peak * eff), both[:, :, 1] / (bandwidth * eff), both[:, :, 0].sum(1) / peak,
+        hw, precisions = self.hw, self.model.precisions
+        kinds = [kernel_class(n, {**hw.stock_classes, **self.classes}) for n in self.names]
+        eff = np.array([efficiency(hw, k) for k in kinds])
+        peak = np.array([peak_flops(hw, k, precisions) for k in kinds])
+        bandwidth = hw.bandwidth_tb_s * 1e12
+        return (both[:, :, 0] / (peak * eff), both[:, :, 1] / (bandwidth * eff), both[:, :, 0] @ (1 / peak),
                 both[:, :, 1].sum(1) / bandwidth)
+
+    def _allreduce_groups(self, mech: Mechanisms) -> list[tuple[int, float, float]]:
+        """[(tokens feature, all-reduces per step, payload bytes per token)]: the step's all-reduces by the tokens
+        that size them (the step's, for the target and the MTP's first pass; a later pass's, one per request) and
+        by their width, summed over the passes that share both (read off the exact model: a pass's all-reduces
+        do not depend on the step's shape)."""
+        m, p, k = self.model, self.parallel, self.num_drafts
+        one = [Seq(2, 0, "verify")] if k else [Seq(1, 0, "decode")]
+        passes = [(Q_DECODE, exact_costs(m, p, one, min(k, 1), mech), 1.0)]
+        if k > 1:
+            passes.append((NUM_FEATURES + Q_DECODE, mtp_costs(m, p, [Seq(1, 0, "decode")], mech), k - 1.0))
+        tokens = one[0].new_tokens
+        groups: dict[tuple[int, float], float] = {}
+        for feature, costs, times in passes:
+            for cost in costs.values():
+                if cost.collectives:
+                    width = round(cost.comm_bytes / cost.collectives / (tokens if feature < NUM_FEATURES else 1), 6)
+                    groups[feature, width] = groups.get((feature, width), 0.0) + cost.collectives * times
+        return [(feature, count, width) for (feature, width), count in sorted(groups.items())]
+
+    def comm_times(self, rows: np.ndarray) -> np.ndarray:
+        """[steps]: seconds of the steps' all-reduces, each with the algorithm vLLM picks for its payload."""
+        out = np.zeros(rows.shape[0])
+        for feature, count, width in self._allreduces:
+            tokens = rows[:, feature] + (rows[:, Q_PREFILL] if feature < NUM_FEATURES else 0.0)
+            out += count * allreduce_seconds(width * tokens, self.parallel.tp, self.hw)
+        return out
+
+    def launch_modes(self, rows: np.ndarray) -> np.ndarray:
+        """[steps]: how each step launches (graphs.Graphs.step_mode): 0 full graph, 1 piecewise, 2 eager."""
+        g = self.graphs
+        tokens = rows[:, Q_PREFILL] + rows[:, Q_DECODE]
+        prefills = rows[:, PREFILL] > 0
+        if g.mode == "none":
+            return np.full(rows.shape[0], 2)
+        mode = np.where(prefills | (g.mode == "piecewise"), 1, 0)
+        if g.mode == "full_decode_only":
+            mode = np.where(prefills, 2, mode)
+        return np.where(tokens > g.max_tokens, 2, mode)
 
     def _host(self, hw: HardwareConfig) -> None:
         # the host's work: per step, per token the step schedules (its prefill and its decode tokens), per
         # request (its prefill chunks and its decodes) and per decode
         self.host_s = host_seconds(hw, 0)
         self.first_step_s = hw.host_first_step_us * 1e-6
-        self._fixed = self._device_fixed.copy()
-        self._fixed[list(TOKEN_FEATURES)] += host_seconds(hw, 1) - self.host_s
-        self._fixed[list(REQUEST_FEATURES)] += host_seconds(hw, 0, 1) - self.host_s
-        self._fixed[DECODE_FEATURE] += host_seconds(hw, 0, 0, 1) - self.host_s
+        fixed = np.zeros(2 * NUM_FEATURES)
+        fixed[list(TOKEN_FEATURES)] += host_seconds(hw, 1) - self.host_s
+        fixed[list(REQUEST_FEATURES)] += host_seconds(hw, 0, 1) - self.host_s
+        fixed[DECODE_FEATURE] += host_seconds(hw, 0, 0, 1) - self.host_s
+        # [mode, feature]: the host's and the launches' (and gathers') seconds per feature, by launch mode
+        self._fixed = np.stack([self._launch[mode] + fixed for mode in ("full", "piecewise", "eager")])
 
     def with_host(self, hw: HardwareConfig) -> StepModel:
         """This model with `hw`'s host overheads (the rest of `hw` unread): a fit of them re-prices nothing else."""
         other = copy.copy(self)
-        sources = {**self.hw.sources, **{k: v for k, v in hw.sources.items() if k in HOST_FIGURES}}
-        other.hw = replace(self.hw, **{k: getattr(hw, k) for k in HOST_FIGURES}, sources=sources)
+        sources = {**{k: v for k, v in self.hw.sources.items() if k not in HOST_FIGURES},
+                   **{k: v for k, v in hw.sources.items() if k in HOST_FIGURES}}
+        ranges = {**{k: v for k, v in self.hw.ranges.items() if k not in HOST_FIGURES},
+                  **{k: v for k, v in hw.ranges.items() if k in HOST_FIGURES}}
+        other.hw = replace(self.hw, **{k: getattr(hw, k) for k in HOST_FIGURES}, sources=sources, ranges=ranges)
         other._host(other.hw)
         return other
 
@@ -274,7 +336,8 @@ class StepModel:
         if self.tier is not None:
             flops_s, bytes_s = self._high[:2]
             kernels = np.where(self._sharded(rows), np.maximum(rows @ flops_s, rows @ bytes_s), kernels)
-        return kernels.sum(axis=-1) + rows @ self._fixed + self.host_s
+        fixed = np.take_along_axis(rows @ self._fixed.T, self.launch_modes(rows)[:, None], axis=1)[:, 0]
+        return kernels.sum(axis=-1) + fixed + self.comm_times(rows) + self.host_s
 
     def _sharded(self, rows: np.ndarray) -> np.ndarray:
         """[steps, passes]: which passes run the sharded tail (tiered): the target's and the MTP's first by the
@@ -305,9 +368,16 @@ class StepModel:
 
     def exact_time(self, seqs: Sequence[Seq]) -> float:
         """The same from the exact cost model (`exact_costs` through `timing.step_time`): the reference."""
+        return self.exact_step(seqs).total_s
+
+    def exact_step(self, seqs: Sequence[Seq]) -> StepTime:
+        """The step's time by part from the exact cost model (`timing.step_time`)."""
+        tokens = sum(q.new_tokens for q in seqs)
+        mode = self.graphs.step_mode(tokens, any(q.kind == "prefill" for q in seqs))
         return step_time(exact_costs(self.model, self.parallel, seqs, self.num_drafts, self.mech), self.hw,
-                         self.parallel, self.classes, sum(q.new_tokens for q in seqs), len(seqs),
-                         sum(q.kind != "prefill" for q in seqs)).total_s
+                         self.parallel, self.classes, tokens, len(seqs), sum(q.kind != "prefill" for q in seqs),
+                         launch=(mode, self.graphs.replays(mode, self.num_drafts) if seqs else 0),
+                         precisions=self.model.precisions)
 
 
 class DraftSteps:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ablations.backends.sim.collectives import allreduce_seconds, gather_seconds
 from ablations.backends.sim.cost import STOCK, Cost, Mechanisms, Parallel, SimModel, kernel_time, weights_per_rank
+from ablations.backends.sim.graphs import kernel_seconds
 from ablations.hardware import HardwareConfig
 
 # Which kernel class each of cost.py's Cost names runs as (an MTP pass's "mtp_<name>" as <name>, the later MTP
@@ -48,13 +50,19 @@ def _modelled(hw: HardwareConfig) -> None:
         raise ValueError(f"hardware {hw.name}: the simulator needs {', '.join(hw.missing_figures)}")
 
 
-def allreduce_s(payload_bytes: float, count: float, tp: int, hw: HardwareConfig) -> float:
-    """`count` ring all-reduces (a gather counting half) over `tp` ranks moving `payload_bytes` in all: 2·(tp − 1)/tp
-    of the payload over the link, 2·(tp − 1) hops of latency each."""
-    if tp == 1 or not count:
-        return 0.0
-    return (2 * (tp - 1) / tp * payload_bytes / (hw.link_bandwidth_gb_s * 1e9)
-            + count * 2 * (tp - 1) * hw.link_latency_us * 1e-6)
+def comm_seconds(cost: Cost, tp: int, hw: HardwareConfig) -> float:
+    """Seconds of one cost name's collectives: its all-reduces (each of comm_bytes / collectives bytes, with the
+    algorithm vLLM picks for that size) and its all-gathers and reduce-scatters."""
+    out = gather_seconds(cost.gather_bytes, cost.gathers, tp, hw)
+    if cost.collectives and tp > 1:
+        out += cost.collectives * float(allreduce_seconds(cost.comm_bytes / cost.collectives, tp, hw))
+    return out
+
+
+def peak_flops(hw: HardwareConfig, kernel: str, precisions: dict[str, str] | None = None) -> float:
+    """FLOP/s at the dense peak of the precision a kernel class computes in (`precisions`, by class: the model's
+    weight formats; bf16 where not given)."""
+    return hw.peak_flops((precisions or {}).get(kernel, "bf16"))
 
 
 def efficiency(hw: HardwareConfig, kernel: str) -> float:
@@ -66,22 +74,26 @@ def efficiency(hw: HardwareConfig, kernel: str) -> float:
 
 
 def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
-              classes: dict[str, str] | None = None, tokens: int = 0, requests: int = 0, decodes: int = 0
-              ) -> StepTime:
+              classes: dict[str, str] | None = None, tokens: int = 0, requests: int = 0, decodes: int = 0, *,
+              launch: tuple[str, int] = ("eager", 0), precisions: dict[str, str] | None = None) -> StepTime:
     """The step's time: each cost name a pass of its own, one after the other on one stream, at max(FLOPs /
-    (peak·eff), bytes / (bandwidth·eff)) with its kernel class's efficiency (BF16 peak: the experts run W4A16);
-    launches × launch cost, the all-reduces, the host's overhead (per step, per token of the `tokens`, per
-    request of the `requests` and per decode of the `decodes` the step schedules)."""
+    (peak·eff), bytes / (bandwidth·eff)) with its kernel class's efficiency and the peak of the precision the
+    class computes in (`precisions`); the launches of a step launched as `launch` = (mode, graph replays:
+    `graphs.Graphs`); the collectives, each all-reduce with the algorithm vLLM picks for its size; the host's
+    overhead (per step, per token of the `tokens`, per request of the `requests` and per decode of the `decodes`
+    the step schedules)."""
     _modelled(hw)
-    peak, bandwidth = hw.peak_bf16_tflops * 1e12, hw.bandwidth_tb_s * 1e12
-    comm = Cost.total(costs.values())
-    kernels = 0.0
+    bandwidth = hw.bandwidth_tb_s * 1e12
+    mode, replays = launch
+    kernels = launches = comm = 0.0
     for name, cost in costs.items():
-        e = efficiency(hw, kernel_class(name, classes))
-        kernels += kernel_time(cost, peak, bandwidth, e, e)
-    launches = comm.kernels * hw.launch_us * 1e-6
-    return StepTime(kernels, launches, allreduce_s(comm.comm_bytes, comm.collectives, parallel.tp, hw),
-                    host_seconds(hw, tokens, requests, decodes) if costs else 0.0)
+        k = kernel_class(name, {**hw.stock_classes, **(classes or {})})
+        e = efficiency(hw, k)
+        kernels += kernel_time(cost, peak_flops(hw, k, precisions), bandwidth, e, e)
+        launches += cost.kernels * kernel_seconds(name, mode, hw)
+        comm += comm_seconds(cost, parallel.tp, hw)
+    launches += replays * hw.graph_launch_us * 1e-6
+    return StepTime(kernels, launches, comm, host_seconds(hw, tokens, requests, decodes) if costs else 0.0)
 
 
 def host_seconds(hw: HardwareConfig, tokens: int | float, requests: int | float = 0, decodes: int | float = 0
@@ -92,22 +104,25 @@ def host_seconds(hw: HardwareConfig, tokens: int | float, requests: int | float 
             + decodes * hw.host_us_per_decode) * 1e-6
 
 
-def roofline_s(costs: dict[str, Cost], hw: HardwareConfig) -> float:
-    """The step's physical lower bound: all its FLOPs at peak or all its bytes at full bandwidth, whichever is
-    longer, and nothing else."""
-    total = Cost.total(costs.values())
-    return max(total.flops / (hw.peak_bf16_tflops * 1e12), total.bytes / (hw.bandwidth_tb_s * 1e12))
+def roofline_s(costs: dict[str, Cost], hw: HardwareConfig, precisions: dict[str, str] | None = None) -> float:
+    """The step's physical lower bound: all its FLOPs at their precision's peak or all its bytes at full
+    bandwidth, whichever is longer, and nothing else."""
+    flops_s = sum(c.flops / peak_flops(hw, kernel_class(n), precisions) for n, c in costs.items())
+    return max(flops_s, Cost.total(costs.values()).bytes / (hw.bandwidth_tb_s * 1e12))
 
 
-def cache_capacity_gb(model: SimModel, parallel: Parallel, hw: HardwareConfig, reserve_fraction: float = 0.1,
-                      mech: Mechanisms = STOCK) -> float:
-    """GB per rank left for the KV cache and KDA states after the weights and `reserve_fraction` of the memory
-    (activations, graphs); a model that does not fit is a ValueError saying by how much."""
+def cache_capacity_gb(model: SimModel, parallel: Parallel, hw: HardwareConfig, utilization: float = 0.92,
+                      non_kv_gb: float = 4.0, mech: Mechanisms = STOCK) -> float:
+    """GB (10^9 bytes) per rank left for the KV cache and KDA states as vLLM sizes it: `utilization` of the memory
+    (gpu_memory_utilization) less the weights and `non_kv_gb` of activations and graph pools; a model whose
+    weights do not fit is a ValueError saying by how much."""
     _modelled(hw)
     weights = weights_per_rank(model, parallel, mech) / 1e9
-    usable = hw.memory_gb * (1 - reserve_fraction)
+    memory = hw.memory_bytes / 1e9
+    usable = memory * utilization - non_kv_gb
     if weights > usable:
         raise ValueError(f"{model.spec.name} does not fit on {hw.name} at tp={parallel.tp}: its weights take "
                          f"{weights:.1f} GB per rank, {weights - usable:.1f} GB more than the {usable:.1f} GB usable "
-                         f"of {hw.memory_gb:g} GB ({reserve_fraction:.0%} kept for activations)")
+                         f"of {memory:.1f} GB ({hw.memory:g} {hw.memory_unit}; gpu_memory_utilization "
+                         f"{utilization:g}, {non_kv_gb:g} GB kept for activations and graphs)")
     return usable - weights

@@ -30,11 +30,13 @@ def test_the_calibrated_profile_keeps_the_base_figures_it_does_not_measure_and_l
     base = HardwareConfig(name="node", platform="rocm", num_devices=8, link_bandwidth_gb_s=500.0,
                           host_overhead_us=900.0, price_per_gpu_hour=2.0, efficiency={"moe": 0.5},
                           sources={"link_bandwidth_gb_s": "vendor", "host_overhead_us": "assumed",
-                                   "price_per_gpu_hour": "list price", "efficiency.moe": "assumed"})
+                                   "price_per_gpu_hour": "list price", "efficiency.moe": "assumed"},
+                          ranges={"host_overhead_us": [100, 2000], "efficiency.moe": [0.3, 0.7]})
     fits = fit([Row("gemm", "gemm probe", "x", 4e-3, 1e3, 2e9)], PEAKS)
     hw = calibrated(base, PEAKS, fits, "GPU X", "node_cal", "2026-12-02")
     assert (hw.name, hw.platform, hw.num_devices, hw.device) == ("node_cal", "rocm", 8, "GPU X")
-    assert (hw.bandwidth_tb_s, hw.peak_bf16_tflops, hw.launch_us, hw.memory_gb) == (0.1, 1.0, 2.0, 64.0)
+    assert (hw.bandwidth_tb_s, hw.peak_bf16_tflops, hw.launch_us, hw.memory, hw.memory_unit) == (0.1, 1.0, 2.0, 64.0,
+                                                                                                 "GB")
     assert (hw.link_bandwidth_gb_s, hw.host_overhead_us, hw.price_per_gpu_hour) == (500.0, 900.0, 2.0)
     assert hw.efficiency == {"moe": 0.5, "gemm": 0.5}
     assert hw.sources["efficiency.moe"] == "assumed" and hw.sources["link_bandwidth_gb_s"] == "vendor"
@@ -47,8 +49,10 @@ def test_the_calibrated_profile_keeps_the_base_figures_it_does_not_measure_and_l
 
 def test_one_device_needs_no_link_two_do():
     one = HardwareConfig(name="x", num_devices=1)
-    assert "link_bandwidth_gb_s" not in one.missing_figures and "memory_gb" in one.missing_figures
-    assert "link_bandwidth_gb_s" in HardwareConfig(name="x", num_devices=2).missing_figures
+    assert "link_bandwidth_gb_s" not in one.missing_figures and "memory" in one.missing_figures
+    assert "ccl_us" not in one.missing_figures
+    assert {"link_bandwidth_gb_s", "ccl_us", "ccl_busbw_gb_s"} <= set(HardwareConfig(name="x", num_devices=2)
+                                                                     .missing_figures)
 
 
 @pytest.mark.parametrize("name", calibrate.calibrated_packages())
@@ -64,7 +68,8 @@ def test_each_calibration_table_names_real_cases_sides_and_kernel_classes(name):
 def test_the_packages_cover_every_class_but_the_probed_ones():
     covered = {k for n in calibrate.calibrated_packages() for sides in calibrate.calibration_of(n).values()
                for k in sides.values()}
-    assert covered | {"gemm", "moe"} == set(KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES)
+    # attention_blackwell: the MLA decode stock vLLM runs on Blackwell, which no package here benchmarks
+    assert covered | {"gemm", "moe", "attention_blackwell"} == set(KERNEL_CLASSES + OPTIONAL_KERNEL_CLASSES)
 
 
 def test_bad_arguments_are_one_line_errors(capsys, tmp_path):

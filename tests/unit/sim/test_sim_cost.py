@@ -178,9 +178,9 @@ def test_moe_dedup_sp_is_the_packages_sequence_parallel_layer_at_tp8():
     assert sp["moe_shared"].flops == parts["shared"].flops
     assert sp["moe_latent"].flops == parts["down"].flops + parts["up"].flops
     assert sp["moe_experts"].flops == pytest.approx(parts["experts"].flops, rel=1e-12)
-    ring = 2 * 7 / 8 * sum(c.comm_bytes for c in sp.values())        # all-reduce equivalents through a ring of 8
+    ring = 7 / 8 * sum(c.gather_bytes for c in sp.values())            # each gather or scatter through a ring of 8
     ids = tokens * top_k * (IDS_BYTES + 2) * 7 / 8
     assert ring == pytest.approx(sum(p.comm_bytes for p in parts.values()) - ids, rel=1e-12)
-    assert sum(c.collectives for c in sp.values()) == 1.5       # two all-gathers and a reduce-scatter: W - 1 hops each
+    assert sum(c.gathers for c in sp.values()) == 3 and sum(c.collectives for c in sp.values()) == 0   # 2 + 1 scatter
     off = moe_layer(m, Parallel(tp=8), [Seq(tokens, 0, "prefill")])
     assert sp["moe_shared"].weight_bytes == 8 * off["moe_shared"].weight_bytes   # every rank holds the whole shared MLP

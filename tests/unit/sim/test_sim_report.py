@@ -16,18 +16,17 @@ ROW_KEYS = {"hardware", "opts", "tput_per_gpu_at_slo", "tokens_per_dollar", "fro
 
 def test_the_values_moved_are_exactly_those_the_profile_marks_assumed():
     hw = compose("mi355x_x8", "all_off").hardware
-    assert assumed(hw) == ["efficiency.attention", "efficiency.attention_vendor", "efficiency.elementwise",
-                           "efficiency.gemm", "efficiency.moe", "efficiency.recurrent", "host_overhead_us", "launch_us",
-                           "link_latency_us"]
-    assert "bandwidth_tb_s" not in assumed(hw) and "memory_gb" not in assumed(hw)
+    assert assumed(hw) == ["ccl_busbw_gb_s", "ccl_us", "efficiency.attention", "efficiency.elementwise",
+                           "efficiency.recurrent", "graph_launch_us", "graph_node_us", "host_overhead_us", "launch_us"]
+    assert "bandwidth_tb_s" not in assumed(hw) and "ar_1stage_us" not in assumed(hw)
 
 
 def test_scaled_moves_one_value_and_keeps_an_efficiency_at_most_one():
     hw = compose("mi355x_x8", "all_off").hardware
     assert scaled(hw, "launch_us", 1.2).launch_us == pytest.approx(6.0)
-    assert scaled(hw, "efficiency.moe", 0.8).efficiency == {**hw.efficiency, "moe": pytest.approx(0.4)}
+    assert scaled(hw, "efficiency.moe", 0.8).efficiency == {**hw.efficiency, "moe": pytest.approx(0.496)}
     assert scaled(hw, "efficiency.elementwise", 1.5).efficiency["elementwise"] == 1.0
-    assert hw.launch_us == 5.0 and hw.efficiency["moe"] == 0.5
+    assert hw.launch_us == 5.0 and hw.efficiency["moe"] == 0.62
     with pytest.raises(ValueError, match=r"^bogus: not a figure of hardware mi355x_x8"):
         scaled(hw, "bogus", 1.2)
 

@@ -78,7 +78,9 @@ def test_the_host_work_per_token_request_and_decode_is_priced_per_scheduled_one_
     hw = node("mi355x_x8")
     per_token = replace(hw, host_us_per_token=30.0, host_us_per_request=700.0, host_us_per_decode=400.0,
                         sources={**hw.sources, "host_us_per_token": "assumed", "host_us_per_request": "assumed",
-                                 "host_us_per_decode": "assumed"})
+                                 "host_us_per_decode": "assumed"},
+                        ranges={**hw.ranges, "host_us_per_token": [0, 60], "host_us_per_request": [0, 1000],
+                                "host_us_per_decode": [0, 800]})
     base, model = StepModel(SimModel(), Parallel(), hw, 3), StepModel(SimModel(), Parallel(), per_token, 3)
     kinds = set()
     for seqs in probe_steps(seed=99, count=10, kind="verify"):

@@ -198,13 +198,17 @@ def fixed_k_model(k: int):
 
 
 def test_draft_length_on_runs_the_k_its_chooser_picks_on_the_simulated_node():
-    assert setup(draft_length="on").steps.schedule == ((1, 1024, 8),)
-    # on K3 at TP8 a decode step reads every layer's weights whatever its width, so drafts cost little: the
-    # expected accepted tokens per second, b E(K) / c(b, K) on the node's own step times, grow up to max_k (8)
+    """The cell's schedule is, at each batch size, the K of the most accepted tokens per second, b E(K) / c(b, K) on
+    the node's own step times; and those K differ by batch (more requests touch more experts, so a draft costs
+    more, until every expert is read anyway)."""
+    steps = setup(draft_length="on").steps
     _, trace = default_case()
-    cost = DecodeSeconds({k: fixed_k_model(k) for k in (3, 8)}, mean_context(trace))
-    for batch in (1, 4, 16):
-        assert goodput(cost, (0.8,) * 8, batch, 8) > goodput(cost, (0.8,) * 8, batch, 3)
+    models = {0: setup(draft_length="k0").steps.models[0], **{k: fixed_k_model(k) for k in range(1, 9)}}
+    cost = DecodeSeconds(models, mean_context(trace))
+    for batch in (1, 2, 4, 6, 16):
+        best = max(range(9), key=lambda k: goodput(cost, (0.8,) * 8, batch, k))
+        assert steps.k(batch) == best, batch
+    assert len({steps.k(b) for b in (1, 4, 16)}) > 1
     assert setup(draft_length="on", fusion="on").steps.mech.fused_kda_decode is False
 
 
