@@ -1,6 +1,8 @@
 """`python -m ablations.sim report [--json FILE]`: the simulator's report (ablations/backends/sim/report.py) —
-Kimi K3 on agentx on MI355X and B300 nodes, all toggles off and every modelled toggle on, the headline, tokens
-per dollar, the frontier, and the headline's sensitivity to each assumed profile value (±20%)."""
+Kimi K3 on agentx on MI355X and B300 nodes, stock, all toggles off and every modelled toggle on, the headline,
+tokens per dollar, the frontier, draft_length's K per batch size, and the all-off headline's sensitivity to every
+figure with a range (and each assumed one at ±20%). `python -m ablations.sim explain`: a decode step and a prefill
+chunk at the headline's point on each node, by kernel class, launches, collectives and host."""
 
 from __future__ import annotations
 
@@ -10,22 +12,33 @@ import sys
 import time
 from pathlib import Path
 
-from ablations.backends.sim.report import HARDWARE, report, table
+from ablations.backends.sim.report import HARDWARE, OPTS, SENSITIVITY, explain, report, table
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations.sim", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    rep = commands.add_parser("report", help="the headline per node, all off and all on, with its sensitivity")
+    rep = commands.add_parser("report", help="the headline per node, stock, all off and all on, with its sensitivity")
     rep.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
     rep.add_argument("--hardware", nargs="+", default=list(HARDWARE), help="hardware options (default: %(default)s)")
-    rep.add_argument("--no-sensitivity", action="store_true", help="skip the ±20%% runs of the assumed values")
+    rep.add_argument("--sensitivity", nargs="*", default=list(SENSITIVITY),
+                     help="the nodes whose all-off headline is moved (default: %(default)s; none: give no names)")
+    rep.add_argument("--no-sensitivity", action="store_true", help="move no figure (as --sensitivity with no names)")
     rep.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     rep.add_argument("overrides", nargs="*", help="Hydra overrides for every cell, e.g. backend.concurrency=[1,2,4]")
+    exp = commands.add_parser("explain", help="a decode step and a prefill chunk at the headline's point, by part")
+    exp.add_argument("--hardware", nargs="+", default=list(HARDWARE), help="hardware options (default: %(default)s)")
+    exp.add_argument("--opts", choices=OPTS, default="all_off", help="the toggle set (default: %(default)s)")
+    exp.add_argument("--sessions", type=int, default=4, help="live sessions decoding (default: %(default)s)")
+    exp.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. backend.kv_dtype=fp8")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        rows = report(tuple(args.hardware), sensitivity=not args.no_sensitivity, workers=args.workers,
+        if args.command == "explain":
+            print(explain(tuple(args.hardware), args.opts, args.sessions, tuple(args.overrides)))
+            return 0
+        sensitivity = () if args.no_sensitivity else tuple(args.sensitivity)
+        rows = report(tuple(args.hardware), sensitivity=sensitivity, workers=args.workers,
                       overrides=tuple(args.overrides), progress=lambda line: print(line, file=sys.stderr, flush=True))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

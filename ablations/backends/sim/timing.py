@@ -73,6 +73,32 @@ def efficiency(hw: HardwareConfig, kernel: str) -> float:
     return hw.efficiency[kernel]
 
 
+@dataclass(frozen=True)
+class PassTime:
+    """One cost name's seconds on one rank: its kernels at their class's roofline, their launches, its
+    collectives."""
+
+    name: str
+    kernel_class: str
+    kernels_s: float
+    launch_s: float
+    comm_s: float
+
+
+def pass_times(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
+               classes: dict[str, str] | None = None, *, mode: str = "eager",
+               precisions: dict[str, str] | None = None) -> list[PassTime]:
+    """Each pass of a step launched in `mode` (`graphs.Graphs.step_mode`), priced as `step_time` prices it."""
+    bandwidth = hw.bandwidth_tb_s * 1e12
+    out = []
+    for name, cost in costs.items():
+        k = kernel_class(name, {**hw.stock_classes, **(classes or {})})
+        e = efficiency(hw, k)
+        out.append(PassTime(name, k, kernel_time(cost, peak_flops(hw, k, precisions), bandwidth, e, e),
+                            cost.kernels * kernel_seconds(name, mode, hw), comm_seconds(cost, parallel.tp, hw)))
+    return out
+
+
 def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
               classes: dict[str, str] | None = None, tokens: int = 0, requests: int = 0, decodes: int = 0, *,
               launch: tuple[str, int] = ("eager", 0), precisions: dict[str, str] | None = None) -> StepTime:
@@ -83,17 +109,11 @@ def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
     overhead (per step, per token of the `tokens`, per request of the `requests` and per decode of the `decodes`
     the step schedules)."""
     _modelled(hw)
-    bandwidth = hw.bandwidth_tb_s * 1e12
     mode, replays = launch
-    kernels = launches = comm = 0.0
-    for name, cost in costs.items():
-        k = kernel_class(name, {**hw.stock_classes, **(classes or {})})
-        e = efficiency(hw, k)
-        kernels += kernel_time(cost, peak_flops(hw, k, precisions), bandwidth, e, e)
-        launches += cost.kernels * kernel_seconds(name, mode, hw)
-        comm += comm_seconds(cost, parallel.tp, hw)
-    launches += replays * hw.graph_launch_us * 1e-6
-    return StepTime(kernels, launches, comm, host_seconds(hw, tokens, requests, decodes) if costs else 0.0)
+    parts = pass_times(costs, hw, parallel, classes, mode=mode, precisions=precisions)
+    return StepTime(sum(p.kernels_s for p in parts), sum(p.launch_s for p in parts) + replays * hw.graph_launch_us
+                    * 1e-6, sum(p.comm_s for p in parts),
+                    host_seconds(hw, tokens, requests, decodes) if costs else 0.0)
 
 
 def host_seconds(hw: HardwareConfig, tokens: int | float, requests: int | float = 0, decodes: int | float = 0
