@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     exp = commands.add_parser("explain", help="a decode step and a prefill chunk at the headline's point, by part")
     exp.add_argument("--hardware", nargs="+", default=list(HARDWARE), help="hardware options (default: %(default)s)")
     exp.add_argument("--opts", choices=OPTS, default="all_off", help="the toggle set (default: %(default)s)")
-    exp.add_argument("--sessions", type=int, default=4, help="live sessions decoding (default: %(default)s)")
+    exp.add_argument("--sessions", type=int, default=6, help="live sessions decoding (default: %(default)s)")
     exp.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. backend.kv_dtype=fp8")
     args = parser.parse_args(argv)
     start = time.perf_counter()

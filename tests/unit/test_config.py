@@ -68,7 +68,7 @@ CHANGES = {
         "repeat": {"ablation.repeats": 3},
         "main": {"ablation.design": "factorial", "ablation.metric": "tput_per_gpu_at_slo", "model.name": "kimi_k3",
                  **gpu_node("mi355x_x8"),
-                 **SIM_BACKEND, "backend.workers": 1, "backend.bracket_from": 4},
+                 **SIM_BACKEND, "backend.workers": 1, "backend.bracket_from": 6},
         "main_vllm_cpu": {"ablation.design": "factorial", "workload.name": "agentx_small",
                           "workload.preset": "agentx_small",
                           "workload.start": "zero", **VLLM_BACKEND, "backend.num_requests": 8,

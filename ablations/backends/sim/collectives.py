@@ -73,7 +73,8 @@ def choose(hw: HardwareConfig, tp: int, payload_bytes: float) -> str:
     raise ValueError(f"tp={tp}: one rank all-reduces nothing")
 
 
-def _figures(hw: HardwareConfig, algorithm: str) -> tuple[float, float]:
+def algorithm_figures(hw: HardwareConfig, algorithm: str) -> tuple[float, float]:
+    """An algorithm's latency (s) and bus bandwidth (bytes/s) on `hw`, or a ValueError naming the missing figure."""
     latency, busbw = getattr(hw, f"{algorithm}_us"), getattr(hw, f"{algorithm}_busbw_gb_s")
     if not busbw:
         raise ValueError(f"hardware {hw.name}: vLLM all-reduces with {algorithm} here and {algorithm}_us / "
@@ -93,7 +94,7 @@ def allreduce_seconds(payload_bytes: np.ndarray | float, tp: int, hw: HardwareCo
     for rule in rules(hw, tp):
         mine = ~low & (payload < rule.max_bytes)
         if mine.any():
-            latency, busbw = _figures(hw, rule.algorithm)
+            latency, busbw = algorithm_figures(hw, rule.algorithm)
             out[mine] = latency + 2 * (tp - 1) / tp * payload[mine] / busbw
         low |= mine
     return out
@@ -103,7 +104,7 @@ def gather_seconds(payload_bytes: float, ops: float, tp: int, hw: HardwareConfig
     """Seconds of `ops` all-gathers or reduce-scatters moving `payload_bytes` in all (NCCL / RCCL)."""
     if tp == 1 or not ops:
         return 0.0
-    latency, busbw = _figures(hw, "ccl")
+    latency, busbw = algorithm_figures(hw, "ccl")
     return ops * latency + (tp - 1) / tp * payload_bytes / busbw
 
 
@@ -111,5 +112,5 @@ def seconds_per_gather_byte(tp: int, hw: HardwareConfig) -> tuple[float, float]:
     """An all-gather's latency and its seconds per byte of payload (the step model's linear terms)."""
     if tp == 1:
         return 0.0, 0.0
-    latency, busbw = _figures(hw, "ccl")
+    latency, busbw = algorithm_figures(hw, "ccl")
     return latency, (tp - 1) / tp / busbw

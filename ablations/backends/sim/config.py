@@ -32,7 +32,8 @@ class SimBackendConfig:
     """The simulated node runs `model` (the `model` group's name: kimi_k3) at tensor parallelism `tp` (0: every
     device of the `hardware` node), routed experts split by expert (`moe: ep`) or by slice (`tp`), the latent
     cache in `kv_dtype`; vLLM's scheduler limits; the closed-loop `concurrency` sweep (live sessions per point;
-    dense where K3 on agentx crosses 50 tok/s/user on an 8-GPU node, between 3 and 5) and the
+    dense where K3 on agentx crosses 50 tok/s/user on an 8-GPU node, between 5 and 8, where its sessions' contexts
+    outgrow the cache) and the
     `target_interactivity` (tok/s/user) the headline reads the frontier at; `cache_gb` (0: what the node has left
     after weights and what vLLM keeps back: 1 - `gpu_memory_utilization` of the memory, its default 0.92,
     `config/cache.py:102`, and `non_kv_gb` per rank of activations and graph pools, assumed) sets the prefix cache
@@ -56,7 +57,7 @@ class SimBackendConfig:
     max_cudagraph_capture_size: int = 0
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 16])
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16])
     target_interactivity: float = 50.0
     cache_gb: float = 0.0
     gpu_memory_utilization: float = 0.92

@@ -211,7 +211,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def explain(hardware: tuple[str, ...] = HARDWARE, opts: str = "all_off", sessions: int = 4,
+def explain(hardware: tuple[str, ...] = HARDWARE, opts: str = "all_off", sessions: int = 6,
             overrides: tuple[str, ...] = ()) -> str:
     """Each node's decode step and prefill chunk at the headline's point (`sessions` live sessions, each at the
     workload's mean context; a chunk of the scheduler's token budget), explained (`explain.py`)."""

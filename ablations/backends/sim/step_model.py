@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import bisect
 import copy
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from ablations.backends.sim.collectives import allreduce_seconds, seconds_per_gather_byte
+from ablations.backends.sim.collectives import algorithm_figures, choose, rules, seconds_per_gather_byte
 from ablations.backends.sim.cost import (
     STOCK,
     Cost,
@@ -188,6 +189,7 @@ class StepModel:
         for mode, vector in self._launch.items():
             vector[FEATURES.index("step")] += graphs.replays(mode, num_drafts) * hw.graph_launch_us * 1e-6
         self._allreduces = self._allreduce_groups(untiered)
+        self._segments = self._comm_segments() if p.tp > 1 else []
         self._host(hw)
     def _fit(self, mech: Mechanisms) -> np.ndarray:
         """[2 · features, passes, FIELDS]: one matrix, block diagonal: [step features, MTP pass features] x [target
@@ -236,25 +238,47 @@ class StepModel:
                     groups[feature, width] = groups.get((feature, width), 0.0) + cost.collectives * times
         return [(feature, count, width) for (feature, width), count in sorted(groups.items())]
 
+    def _comm_segments(self) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per tokens feature, the all-reduces' seconds as a piecewise-linear function of the tokens: (feature,
+        breaks, intercepts, slopes), segment i covering breaks[i - 1] <= tokens < breaks[i] (an algorithm's payload
+        limit, in tokens of each width), where every group keeps one algorithm."""
+        hw, tp, out = self.hw, self.parallel.tp, []
+        for feature in sorted({f for f, _, _ in self._allreduces}):
+            groups = [(count, width) for f, count, width in self._allreduces if f == feature]
+            breaks = sorted({rule.max_bytes / width for _, width in groups for rule in rules(hw, tp)
+                             if math.isfinite(rule.max_bytes)})
+            edges = [0.0, *breaks]
+            intercepts, slopes = [], []
+            for i, low in enumerate(edges):
+                tokens = (low + edges[i + 1]) / 2 if i + 1 < len(edges) else 2 * low + 1
+                a = b = 0.0
+                for count, width in groups:
+                    latency, busbw = algorithm_figures(hw, choose(hw, tp, width * tokens))
+                    a += count * latency
+                    b += count * 2 * (tp - 1) / tp * width / busbw
+                intercepts.append(a)
+                slopes.append(b)
+            out.append((feature, np.array(breaks), np.array(intercepts), np.array(slopes)))
+        return out
+
     def comm_times(self, rows: np.ndarray) -> np.ndarray:
         """[steps]: seconds of the steps' all-reduces, each with the algorithm vLLM picks for its payload."""
         out = np.zeros(rows.shape[0])
-        for feature, count, width in self._allreduces:
+        for feature, breaks, intercepts, slopes in self._segments:
             tokens = rows[:, feature] + (rows[:, Q_PREFILL] if feature < NUM_FEATURES else 0.0)
-            out += count * allreduce_seconds(width * tokens, self.parallel.tp, self.hw)
+            i = np.searchsorted(breaks, tokens, side="right")
+            out += np.where(tokens > 0, intercepts[i] + slopes[i] * tokens, 0.0)
         return out
 
     def launch_modes(self, rows: np.ndarray) -> np.ndarray:
         """[steps]: how each step launches (graphs.Graphs.step_mode): 0 full graph, 1 piecewise, 2 eager."""
         g = self.graphs
-        tokens = rows[:, Q_PREFILL] + rows[:, Q_DECODE]
-        prefills = rows[:, PREFILL] > 0
         if g.mode == "none":
             return np.full(rows.shape[0], 2)
-        mode = np.where(prefills | (g.mode == "piecewise"), 1, 0)
-        if g.mode == "full_decode_only":
-            mode = np.where(prefills, 2, mode)
-        return np.where(tokens > g.max_tokens, 2, mode)
+        modes = np.where(rows[:, PREFILL] > 0, 2 if g.mode == "full_decode_only" else 1,
+                         1 if g.mode == "piecewise" else 0)
+        modes[rows[:, Q_PREFILL] + rows[:, Q_DECODE] > g.max_tokens] = 2
+        return modes
 
     def _host(self, hw: HardwareConfig) -> None:
         # the host's work: per step, per token the step schedules (its prefill and its decode tokens), per
@@ -336,7 +360,7 @@ class StepModel:
         if self.tier is not None:
             flops_s, bytes_s = self._high[:2]
             kernels = np.where(self._sharded(rows), np.maximum(rows @ flops_s, rows @ bytes_s), kernels)
-        fixed = np.take_along_axis(rows @ self._fixed.T, self.launch_modes(rows)[:, None], axis=1)[:, 0]
+        fixed = (rows @ self._fixed.T)[np.arange(rows.shape[0]), self.launch_modes(rows)]
         return kernels.sum(axis=-1) + fixed + self.comm_times(rows) + self.host_s
 
     def _sharded(self, rows: np.ndarray) -> np.ndarray:

@@ -87,7 +87,7 @@ def test_explain_breaks_each_step_into_parts_that_add_up(capsys):
     assert {c["algorithm"] for c in decode.collectives} == {"ar_1stage"} and decode.batch_independent > 0.2
     assert sim.main(["explain", "--hardware", "b300_x8"]) == 0
     out = capsys.readouterr().out
-    assert "b300_x8 (all_off, K = 3), decode: 4 requests x 4 tokens" in out and "all_reduce flashinfer" in out
+    assert "b300_x8 (all_off, K = 3), decode: 6 requests x 4 tokens" in out and "all_reduce flashinfer" in out
     assert "launches full" in out and "launches piecewise" not in out      # the 8,192-token chunk: past 1,024
     assert sim.main(["explain", "--hardware", "nope"]) == 2
 
