@@ -70,7 +70,7 @@ def test_the_main_job_is_the_simulator_factorial_on_every_core():
     assert cfg.hydra.sweep.dir.endswith("sweeps/factorial/agentx/mi355x_x8")
     app = to_app(apply_cell(composed(["experiment=main", "ablation.cell=all_off"], hydra=False)))
     assert (app.backend.name, app.model.name, app.ablation.metric) == ("sim", "kimi_k3", "tput_per_gpu_at_slo")
-    assert app.backend.bracket_from == 4 and app.backend.workers == 1      # the bracket only; the cells take the cores
+    assert app.backend.bracket_from == 6 and app.backend.workers == 1      # the bracket only; the cells take the cores
     b300 = composed(["experiment=main", "hardware=b300_x8"])
     assert b300.hydra.sweep.dir.endswith("sweeps/factorial/agentx/b300_x8")
     assert len(b300.hydra.sweeper.params["ablation.cell"].split(",")) == 2 ** (len(OPTIMIZATIONS) - 1)
