@@ -90,13 +90,13 @@ def allreduce_seconds(payload_bytes: np.ndarray | float, tp: int, hw: HardwareCo
     out = np.zeros_like(payload)
     if tp == 1:
         return out
-    low = np.zeros_like(payload, dtype=bool) | (payload <= 0)
+    done = payload <= 0
     for rule in rules(hw, tp):
-        mine = ~low & (payload < rule.max_bytes)
+        mine = ~done & (payload < rule.max_bytes)
         if mine.any():
             latency, busbw = algorithm_figures(hw, rule.algorithm)
             out[mine] = latency + 2 * (tp - 1) / tp * payload[mine] / busbw
-        low |= mine
+        done |= mine
     return out
 
 
@@ -104,8 +104,8 @@ def gather_seconds(payload_bytes: float, ops: float, tp: int, hw: HardwareConfig
     """Seconds of `ops` all-gathers or reduce-scatters moving `payload_bytes` in all (NCCL / RCCL)."""
     if tp == 1 or not ops:
         return 0.0
-    latency, busbw = algorithm_figures(hw, "ccl")
-    return ops * latency + (tp - 1) / tp * payload_bytes / busbw
+    latency, per_byte = seconds_per_gather_byte(tp, hw)
+    return ops * latency + payload_bytes * per_byte
 
 
 def seconds_per_gather_byte(tp: int, hw: HardwareConfig) -> tuple[float, float]:
