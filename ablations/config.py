@@ -20,7 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from ablations.backends.sim.cell import settings, unmodelled
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.commands import node_config
-from ablations.backends.vllm.config import FULL_SIZE_MODELS, ModelConfig, VllmBackendConfig
+from ablations.backends.vllm.config import FULL_SIZE_MODELS, SIM_ONLY_MODELS, ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.engine import engine_config, engine_kwargs
 from ablations.experiment import AblationConfig, cell_vector, design_cells, label
 from ablations.hardware import HardwareConfig
@@ -109,6 +109,9 @@ class AppConfig:
             if problems:
                 raise ValueError(problems[0])
             return
+        if self.backend is not None and self.model.name in SIM_ONLY_MODELS:
+            raise ValueError(f"model: {self.model.name!r} is modelled only by the simulator; valid: backend=sim, or "
+                             f"a model vLLM serves here ({', '.join(n for n in ('k3_tiny', *FULL_SIZE_MODELS))})")
         if self.backend is not None and self.model.name in FULL_SIZE_MODELS and not self.model.checkpoint:
             raise ValueError(f"model.checkpoint: empty; {self.model.name} is served from its checkpoint: valid: "
                              "model.checkpoint=<local directory or Hugging Face id>, or $K3_CHECKPOINT")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ablations.workload.fixed import FixedLengths, fixed_trace
 from ablations.workload.generate import GeneratorConfig, LogNormal, generate
 from ablations.workload.io import read_trace
 from ablations.workload.paths import file_problem, resolve_path
@@ -20,7 +21,9 @@ SCHEMA_NAME = "workload_schema"
 
 @dataclass
 class WorkloadConfig:
-    """One workload: a generated preset (`preset`) or a trace file (`path`), and how to replay it.
+    """One workload: a generated preset (`preset`), a trace file (`path`) or fixed lengths (`fixed`: a mapping of
+    `FixedLengths`' input_length, output_length, num_requests and optionally block_size: InferenceX's random
+    prompts, each request its own session), and how to replay it.
 
     `path` is absolute, relative to the working directory, or `pkg://<package>/<file>` (the vendored traces:
     `pkg://ablations.workload/traces/<name>.jsonl.gz`, which resolves from any working directory).
@@ -35,6 +38,7 @@ class WorkloadConfig:
     path: str | None = None
     seed: int = 0
     generator: dict[str, Any] = field(default_factory=dict)
+    fixed: dict[str, Any] | None = None
     num_sessions: int | None = None
     block_size: int | None = None
     schedule: str = "closed"
@@ -43,9 +47,19 @@ class WorkloadConfig:
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if (self.preset is None) == (self.path is None):
-            raise ValueError(f"WorkloadConfig: give exactly one of preset and path (got preset={self.preset!r}, "
-                             f"path={self.path!r}); a trace file needs preset null")
+        given = [name for name in ("preset", "path", "fixed") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"WorkloadConfig: give exactly one of preset, path and fixed (got preset={self.preset!r}, "
+                             f"path={self.path!r}, fixed={self.fixed!r}); a trace file or fixed lengths need preset "
+                             "null")
+        if self.fixed is not None:
+            if not isinstance(self.fixed, dict):
+                names = ", ".join(f.name for f in fields(FixedLengths))
+                raise ValueError(f"WorkloadConfig.fixed: expected a mapping of {names}, got {self.fixed!r}")
+            check_known_fields(FixedLengths, self.fixed, "WorkloadConfig.fixed")
+            self.fixed_lengths()
+            if self.generator:
+                raise ValueError("WorkloadConfig.generator: overrides apply to a preset, not to fixed lengths")
         if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"WorkloadConfig.preset: invalid value {self.preset!r}; valid choices: "
                              f"{', '.join(PRESETS)}")
@@ -77,6 +91,16 @@ class WorkloadConfig:
             return resolve_path(self.path)
         except ValueError as err:
             raise ValueError(f"WorkloadConfig.path: {err}") from None
+
+    def fixed_lengths(self) -> FixedLengths:
+        """The `fixed` mapping as FixedLengths (a missing or bad field is a ValueError naming it)."""
+        missing = [n for n in ("input_length", "output_length", "num_requests") if n not in self.fixed]
+        if missing:
+            raise ValueError(f"WorkloadConfig.fixed: missing {', '.join(missing)}")
+        try:
+            return FixedLengths(**self.fixed)
+        except ValueError as err:
+            raise ValueError(f"WorkloadConfig.fixed: {err}") from None
 
     def generator_config(self) -> GeneratorConfig:
         """The preset's generator config with `generator` overrides applied."""
@@ -110,7 +134,9 @@ def _as_config(cfg: Any) -> WorkloadConfig:
 def load_workload(cfg: Any) -> Trace:
     """The trace a workload config names: its preset generated with its seed, or its file read."""
     cfg = _as_config(cfg)
-    if cfg.preset is not None:
+    if cfg.fixed is not None:
+        trace = fixed_trace(cfg.fixed_lengths())
+    elif cfg.preset is not None:
         trace = generate(cfg.generator_config(), seed=cfg.seed)
         if cfg.block_size is not None and cfg.block_size != trace.block_size:
             raise ValueError(f"WorkloadConfig.block_size: {cfg.block_size} contradicts preset {cfg.preset!r}'s "

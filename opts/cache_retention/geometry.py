@@ -15,13 +15,17 @@ from opts.k3 import K3, K3_TINY, K3Spec
 
 MLA_ALIGNMENT = 128   # hybrid MLA: the manager block is a multiple of 128 tokens (interface.py:1076-1081)
 KERNEL_BLOCK = 16
+# An attention-only model's block: 64 tokens, a block size FLASHINFER_MLA's kernel takes (`mla/flashinfer_mla.py:205`:
+# 32 or 64) and AITER's MLA takes any (`mla/rocm_aiter_mla.py:359-362`); CUTLASS_MLA takes only 128.
+ATTENTION_BLOCK = 64
 
 
 @dataclass(frozen=True)
 class CacheGeometry:
     """`block_size` tokens per block; `block_bytes` per pool block; a cached block of tokens takes
     `num_attn_groups` pool blocks, a KDA state `num_state_groups`. `state_bytes` (one request's KDA
-    state, all layers, unpadded) and `latent_bytes_per_token` (all MLA layers) are what the data needs."""
+    state, all layers, unpadded) and `latent_bytes_per_token` (all MLA layers) are what the data needs. A model
+    without KDA layers has no state: `num_state_groups` and `state_bytes` 0."""
 
     name: str
     block_size: int
@@ -35,8 +39,12 @@ class CacheGeometry:
         for name in ("block_size", "block_bytes", "num_attn_groups", "num_state_groups", "state_bytes",
                      "latent_bytes_per_token"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"CacheGeometry.{name}: invalid value {value!r}; valid: an integer >= 1")
+            low = 0 if name in ("num_state_groups", "state_bytes") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"CacheGeometry.{name}: invalid value {value!r}; valid: an integer >= {low}")
+        if (self.num_state_groups == 0) != (self.state_bytes == 0):
+            raise ValueError(f"CacheGeometry: num_state_groups {self.num_state_groups} and state_bytes "
+                             f"{self.state_bytes}: both 0 (no state) or both >= 1")
 
     def num_blocks(self, capacity_bytes: float) -> int:
         """Pool blocks that fit in `capacity_bytes` (a positive number of bytes)."""
@@ -69,6 +77,26 @@ def k3_geometry(spec: K3Spec = K3, *, tp: int = 8, kv_bytes: int = 2, conv_bytes
         name=f"{spec.name}/tp{tp}", block_size=block_size, block_bytes=block_size * token_page * group,
         num_attn_groups=attn_groups, num_state_groups=state_groups, state_bytes=state_page * spec.num_kda_layers,
         latent_bytes_per_token=token_page * spec.num_mla_layers)
+
+
+def attention_geometry(spec: K3Spec, *, tp: int = 8, kv_bytes: int = 2,
+                       block_size: int = ATTENTION_BLOCK) -> CacheGeometry:
+    """The geometry of a model whose every layer is MLA (`spec.num_kda_layers` 0): one group of all its layers,
+    `block_size` tokens a block, the latent cache replicated per rank in `kv_bytes` per element, no state."""
+    if spec.num_kda_layers:
+        raise ValueError(f"attention_geometry: {spec.name} has {spec.num_kda_layers} KDA layers; use k3_geometry")
+    token_page = spec.latent_dim * kv_bytes
+    return CacheGeometry(
+        name=f"{spec.name}/tp{tp}", block_size=block_size, block_bytes=block_size * token_page * spec.num_mla_layers,
+        num_attn_groups=1, num_state_groups=0, state_bytes=0, latent_bytes_per_token=token_page * spec.num_mla_layers)
+
+
+def geometry(spec: K3Spec, *, tp: int = 8, kv_bytes: int = 2, conv_bytes: int = 2,
+             num_spec_tokens: int = 0) -> CacheGeometry:
+    """The geometry vLLM gives `spec`: hybrid (`k3_geometry`) with KDA layers, else attention only."""
+    if spec.num_kda_layers:
+        return k3_geometry(spec, tp=tp, kv_bytes=kv_bytes, conv_bytes=conv_bytes, num_spec_tokens=num_spec_tokens)
+    return attention_geometry(spec, tp=tp, kv_bytes=kv_bytes)
 
 
 K3_TP8 = k3_geometry(K3)

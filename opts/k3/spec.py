@@ -1,4 +1,5 @@
-"""Kimi K3's dimensions: one spec type, the full model and the tiny one the vLLM backend serves."""
+"""Kimi K3's dimensions: one spec type, the full model and the tiny one the vLLM backend serves. The same type
+describes a model built from a subset of K3's parts (the simulator's DeepSeek-R1: MLA and a plain MoE only)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import math
 from dataclasses import dataclass, fields
 
 TP = 8
+OPTIONAL_PARTS = ("num_kda_layers", "expert_latent", "attn_res_block")   # 0: the model has no such part
 
 
 @dataclass(frozen=True)
 class K3Spec:
-    """Sizes of a K3-family model (DESIGN.md, "Kimi K3, as the code models it")."""
+    """Sizes of a K3-family model (DESIGN.md, "Kimi K3, as the code models it"). A part K3 has and another model
+    lacks is 0: `num_kda_layers` 0, no KDA layers (then `kda_heads`, `kda_head_dim` and `conv_width` are 0 too);
+    `expert_latent` 0, routed experts on the hidden state itself (a plain MoE, no latent projections);
+    `attn_res_block` 0, plain residuals; `mla_output_gate` False, no sigmoid gate on the MLA output."""
 
     name: str
     num_layers: int
@@ -32,12 +37,23 @@ class K3Spec:
     moe_intermediate: int
     attn_res_block: int
     mtp_layers: int
+    mla_output_gate: bool = True
 
     def __post_init__(self) -> None:
+        kda = ("kda_heads", "kda_head_dim", "conv_width")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "name" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"K3Spec.{f.name}: invalid value {value!r}; valid: an integer >= 1")
+            if f.name in ("name", "mla_output_gate"):
+                continue
+            low = 0 if f.name in (*OPTIONAL_PARTS, *kda) else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"K3Spec.{f.name}: invalid value {value!r}; valid: an integer >= {low}")
+        if not isinstance(self.mla_output_gate, bool):
+            raise ValueError(f"K3Spec.mla_output_gate: invalid value {self.mla_output_gate!r}; valid: a bool")
+        for name in kda:
+            if (getattr(self, name) == 0) != (self.num_kda_layers == 0):
+                raise ValueError(f"K3Spec.{name}: invalid value {getattr(self, name)!r}; valid: 0 exactly when "
+                                 f"num_kda_layers is 0 (it is {self.num_kda_layers})")
         if self.num_kda_layers >= self.num_layers:
             raise ValueError(f"K3Spec.num_kda_layers: invalid value {self.num_kda_layers!r}; "
                              f"valid: below num_layers ({self.num_layers})")
@@ -56,8 +72,13 @@ class K3Spec:
 
     @property
     def num_res_blocks(self) -> int:
-        """Attention-residual blocks: cdiv(num_layers, attn_res_block)."""
-        return -(-self.num_layers // self.attn_res_block)
+        """Attention-residual blocks: cdiv(num_layers, attn_res_block) (0 without attention residuals)."""
+        return -(-self.num_layers // self.attn_res_block) if self.attn_res_block else 0
+
+    @property
+    def expert_input(self) -> int:
+        """The width the routed experts compute on: the latent, or the hidden state for a plain MoE."""
+        return self.expert_latent or self.hidden
 
     def mla_heads_per_rank(self, tp: int = TP) -> int:
         return _per_rank("mla_heads", self.mla_heads, tp)

@@ -74,12 +74,14 @@ CHANGES = {
                           "workload.start": "zero", **VLLM_BACKEND, "backend.num_requests": 8,
                           "opts.cache_retention.resume_from": "prompt_tail", "opts.cache_retention.resume_unit": 16},
     },
-    "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"}},
+    "model": {"k3_tiny": {}, "kimi_k3": {"model.name": "kimi_k3", "model.checkpoint": "/ckpt"},
+              "deepseek_r1": {"model.name": "deepseek_r1"}},
     "hardware": {
         "cpu": {},
         "mi355x_x8": gpu_node("mi355x_x8"),
         "b300_x8": gpu_node("b300_x8"),
         "h200_x8": gpu_node("h200_x8"),
+        "b200_x8": gpu_node("b200_x8"),
     },
     "paths": {"default": {}},
     "backend": {"vllm": VLLM_BACKEND, "sim": SIM_BACKEND},
@@ -100,6 +102,10 @@ CHANGES = {
                                   "workload.path": f"{TRACES}/conversation_trace.jsonl.gz"},
         "mooncake_synthetic": {**MOONCAKE, "workload.name": "mooncake_synthetic",
                                "workload.path": f"{TRACES}/synthetic_trace.jsonl.gz"},
+        **{f"fixed_{name}": {"workload.name": f"fixed_{name}", "workload.preset": None, "workload.start": "zero",
+                             "workload.fixed.input_length": isl, "workload.fixed.output_length": osl,
+                             "workload.fixed.num_requests": 320}
+           for name, isl, osl in (("1k1k", 1024, 1024), ("8k1k", 8192, 1024), ("1k8k", 1024, 8192))},
     },
 }
 ENTRY_POINTS = [(group, option) for group, options in CHANGES.items() for option in options]
@@ -170,13 +176,13 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("backend=sim backend.max_tokens=4", "backend: unknown field(s) max_tokens; valid fields: bracket_from, "
                                              "cache_gb, concurrency, cudagraph_mode, experts"),
         ("paths.root=x", "paths: unknown field(s) root; valid fields: model_cache, output_root"),
-        ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, "
-                          "mooncake_conversation, mooncake_synthetic"),
+        ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, fixed_1k1k, "
+                          "fixed_1k8k, fixed_8k1k, mooncake_conversation, mooncake_synthetic"),
         ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
         ("experiment=big", "experiment: unknown option 'big'; valid options: _sweep, cpu_small, factorial, main, "
                            "main_vllm_cpu, one_at_a_time, repeat, shapley_sampled, slurm"),
-        ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: k3_tiny"),
-        ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, generator, "
+        ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: deepseek_r1, k3_tiny"),
+        ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, fixed, generator, "
                                "max_live_sessions, name, num_sessions, path, preset, schedule, seed, start, "
                                "time_scale"),
         ("model.hidden=8", "model: unknown field(s) hidden; valid fields: architecture, "),
@@ -259,7 +265,8 @@ def test_help_lists_each_groups_yaml_files(tmp_path):
         (["workload=mooncake_synthetic", "workload.path=cut.jsonl"],
          "cut.jsonl:2: bad JSON: Unterminated string starting at column 2; the file ends mid-line (truncated?)"),
         (["workload=workload_schema"], "workload: unknown option 'workload_schema'; valid options: agentx, "
-                                       "agentx_small, mooncake_conversation, mooncake_synthetic"),
+                                       "agentx_small, fixed_1k1k, fixed_1k8k, fixed_8k1k, mooncake_conversation, "
+                                       "mooncake_synthetic"),
         (["workload.sesions=2"], "workload: unknown field(s) sesions; valid fields: block_size, "),
     ],
 )

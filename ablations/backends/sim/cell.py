@@ -17,6 +17,7 @@ from typing import Any
 from ablations.backends.sim.config import SimBackendConfig, graphs, served_model
 from ablations.backends.sim.cost import Mechanisms, Parallel, SimModel
 from ablations.backends.sim.engine import EngineStats, SchedulerConfig, simulate, trace_keys
+from ablations.backends.sim.models import MODELS
 from ablations.backends.sim.step_model import DecodeSeconds, DraftSteps, StepModel
 from ablations.backends.sim.timing import cache_capacity_gb
 from ablations.hardware import HardwareConfig
@@ -33,21 +34,13 @@ from ablations.metrics import (
 from ablations.workload.trace import Trace
 from opts.base import ToggleConfig
 from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import CacheGeometry, k3_geometry
+from opts.cache_retention.geometry import CacheGeometry, geometry
 from opts.cache_retention.pool import Resume
 from opts.draft_length.schedule import fixed_schedule
-from opts.k3 import K3_TINY
 from opts.registry import OPTIMIZATIONS
 from opts.sim_setting import SimSetting
 
 log = logging.getLogger("ablations")
-# The models the simulator runs, by the `model` group's name. k3_tiny as conf/model/k3_tiny.yaml builds it for
-# vLLM-CPU: fp32 everywhere, a 1,024-token vocabulary, a 512-wide dense FFN in layer 1.
-MODELS: dict[str, SimModel] = {
-    "kimi_k3": SimModel(),
-    "k3_tiny": SimModel(spec=K3_TINY, vocab_size=1024, dense_intermediate=512, weight_bytes=4.0, expert_bytes=4.0,
-                        kv_bytes=4.0, conv_bytes=4.0, act_bytes=4.0),
-}
 
 
 @dataclass(frozen=True)
@@ -152,9 +145,9 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     drafts = applied["draft_length"]
     steps = draft_steps(drafts, "kda_decode" in fused, build, mech, trace)
     cache = applied["cache_retention"]
-    geometry = k3_geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
-                           num_spec_tokens=steps.max_k)
-    return SimSetup(model, parallel, hardware, steps, geometry, cache_gb, geometry.num_blocks(cache_gb * 1e9),
+    layout = geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
+                    num_spec_tokens=steps.max_k)
+    return SimSetup(model, parallel, hardware, steps, layout, cache_gb, layout.num_blocks(cache_gb * 1e9),
                     drafts.alphas[:steps.max_k], cache.free_list or LruFreeList, cache.resume,
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))
 

@@ -45,6 +45,13 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule("symm_mem", 64 * MiB, "all_reduce_utils.py:58-83: SYMM_MEM_ALL_REDUCE_MAX_SIZES['10.3'][8]"),
         Rule("ccl", float("inf"), "pynccl.py: NCCL"),
     ),
+    "cuda:10.0": (
+        Rule("flashinfer", MiB, "allreduce_rms_fusion.py:104-115: FI_ALLREDUCE_FUSION_MAX_SIZE_MB[100][8]"),
+        ONE_STAGE,
+        Rule("ar_2stage", MiB, "all_reduce_utils.py:31-43: CUSTOM_ALL_REDUCE_MAX_SIZES['10.0'][8]"),
+        Rule("symm_mem", 128 * MiB, "all_reduce_utils.py:58-70: SYMM_MEM_ALL_REDUCE_MAX_SIZES['10.0'][8]"),
+        Rule("ccl", float("inf"), "pynccl.py: NCCL"),
+    ),
     "cuda:9.0": (
         Rule("flashinfer", MiB // 2, "allreduce_rms_fusion.py:104-127: FI_ALLREDUCE_FUSION_MAX_SIZE_MB[90][8]"),
         ONE_STAGE,

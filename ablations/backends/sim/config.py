@@ -6,15 +6,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ablations.backends.sim.cost import MOE_SPLITS, MXFP4_BYTES, SimModel
+from ablations.backends.sim.cost import FP8_BLOCK_BYTES, MOE_SPLITS, MXFP4_BYTES, SimModel
 from ablations.backends.sim.graphs import MODES, Graphs
 from ablations.hardware import HardwareConfig
 
 KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "fp32": 4.0}
-# A weight format: bytes per weight and the precision its GEMM computes in (MXFP4: a 4-bit value and an 8-bit
-# scale per 32; w4a16 dequantizes to BF16 in the kernel, w4a8 multiplies MXFP4 by MXFP8 activations).
-WEIGHT_FORMATS = {"bf16": (2.0, "bf16"), "fp8": (1.0, "fp8"), "mxfp4_w4a16": (MXFP4_BYTES, "bf16"),
-                  "mxfp4_w4a8": (MXFP4_BYTES, "fp8"), "mxfp4": (MXFP4_BYTES, "fp4")}
+# A weight format: bytes per weight and the precision its GEMM computes in (fp8_block: DeepSeek's FP8 with an fp32
+# scale per 128 x 128 block; MXFP4: a 4-bit value and an 8-bit scale per 32; w4a16 dequantizes to BF16 in the
+# kernel, w4a8 multiplies MXFP4 by MXFP8 activations).
+WEIGHT_FORMATS = {"bf16": (2.0, "bf16"), "fp8": (1.0, "fp8"), "fp8_block": (FP8_BLOCK_BYTES, "fp8"),
+                  "mxfp4_w4a16": (MXFP4_BYTES, "bf16"), "mxfp4_w4a8": (MXFP4_BYTES, "fp8"),
+                  "mxfp4": (MXFP4_BYTES, "fp4")}
 # What `auto` is on each platform: vLLM 0.32's own choice for K3 (README.md, "Memory and precision"; every
 # other linear layer of K3 is BF16 on both, `quantization/mxfp4.py:91-106`, the cache "auto" = bf16).
 PLATFORM_DEFAULTS = {
@@ -25,6 +27,13 @@ PLATFORM_DEFAULTS = {
     # architecture: decode full, prefill piecewise (`config/vllm.py:74-99`)
     "cuda": {"experts": "mxfp4_w4a8", "cudagraph_mode": "full_and_piecewise"},
     "cpu": {"cudagraph_mode": "none"},
+}
+# A model whose `auto` differs from K3's, by its spec's name: DeepSeek-R1 is served in its checkpoint's own FP8
+# (the model's formats), and vLLM compiles its model (`models/deepseek_v2.py:1426`, `@support_torch_compile`), so
+# FULL_AND_PIECEWISE stays on ROCm too: decodes replay a full graph, prefills run piecewise.
+MODEL_DEFAULTS = {
+    "deepseek_r1": {"rocm": {"cudagraph_mode": "full_and_piecewise"},
+                    "cuda": {"cudagraph_mode": "full_and_piecewise"}, "cpu": {"cudagraph_mode": "none"}},
 }
 
 @dataclass
@@ -102,20 +111,23 @@ class SimBackendConfig:
                 raise bad(name, "a number > 0" if name == "target_interactivity" else "GB >= 0 (0: what is left)")
 
 
-def setting(backend: SimBackendConfig, name: str, platform: str) -> str:
-    """The backend's `name` (weights, experts, kv_dtype, cudagraph_mode) with `auto` resolved on `platform`."""
+def setting(backend: SimBackendConfig, name: str, platform: str, model: str = "kimi_k3") -> str:
+    """The backend's `name` (weights, experts, kv_dtype, cudagraph_mode) with `auto` resolved on `platform` for
+    `model` (a spec's name: `MODEL_DEFAULTS`, else K3's `PLATFORM_DEFAULTS`)."""
     value = getattr(backend, name)
-    return PLATFORM_DEFAULTS.get(platform, {}).get(name, "auto") if value == "auto" else value
+    defaults = MODEL_DEFAULTS.get(model, PLATFORM_DEFAULTS)
+    return defaults.get(platform, {}).get(name, "auto") if value == "auto" else value
 
 
 def served_model(backend: SimBackendConfig, model: SimModel, platform: str) -> SimModel:
     """`model` in the weight formats and cache dtype the backend serves it with on `platform` (`auto` where the
     platform has no default: the model's own)."""
     out = model
-    kv = setting(backend, "kv_dtype", platform)
+    name = model.spec.name
+    kv = setting(backend, "kv_dtype", platform, name)
     if kv != "auto":
         out = replace(out, kv_bytes=KV_DTYPES[kv])
-    weights, experts = setting(backend, "weights", platform), setting(backend, "experts", platform)
+    weights, experts = setting(backend, "weights", platform, name), setting(backend, "experts", platform, name)
     if weights != "auto":
         out = replace(out, weight_bytes=WEIGHT_FORMATS[weights][0], gemm_precision=WEIGHT_FORMATS[weights][1])
     if experts != "auto":
@@ -130,5 +142,5 @@ def graphs(backend: SimBackendConfig, model: SimModel, hw: HardwareConfig, max_d
     s = model.spec
     largest = backend.max_cudagraph_capture_size or min(2 * backend.max_num_seqs * (1 + max_drafts),
                                                         hw.capture_ceiling, backend.max_num_batched_tokens)
-    return Graphs(mode=setting(backend, "cudagraph_mode", hw.platform), max_tokens=largest,
+    return Graphs(mode=setting(backend, "cudagraph_mode", hw.platform, s.name), max_tokens=largest,
                   target_pieces=s.num_kda_layers + s.num_mla_layers + 1, mtp_pieces=2)

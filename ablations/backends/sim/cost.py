@@ -20,6 +20,7 @@ from opts.k3 import K3, K3Spec
 KINDS = ("prefill", "decode", "verify")
 MOE_SPLITS = ("ep", "tp")
 MXFP4_BYTES = 0.5 + 1 / 32      # a 4-bit value, and one 8-bit scale per 32 values
+FP8_BLOCK_BYTES = 1.0 + 4.0 / (128 * 128)     # an 8-bit value, and one fp32 scale per 128 x 128 block (DeepSeek's)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class SimModel:
     act_bytes: float = 2.0              # bf16 activations
     gemm_precision: str = "bf16"
     expert_precision: str = "bf16"
+    embed_bytes: float | None = None    # the embedding and LM head (None: weight_bytes; DeepSeek-R1's stay bf16)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dense_intermediate", "kda_chunk"):
@@ -52,6 +54,8 @@ class SimModel:
         if not 0 <= self.num_dense_layers < self.spec.num_layers:
             raise ValueError(f"SimModel.num_dense_layers: invalid value {self.num_dense_layers!r}; valid: 0.."
                              f"{self.spec.num_layers - 1}")
+        if self.embed_bytes is not None and not self.embed_bytes > 0:
+            raise ValueError(f"SimModel.embed_bytes: invalid value {self.embed_bytes!r}; valid: bytes > 0 or None")
         for name in ("weight_bytes", "expert_bytes", "kv_bytes", "state_bytes", "conv_bytes", "act_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SimModel.{name}: invalid value {getattr(self, name)!r}; valid: bytes > 0")
@@ -64,6 +68,11 @@ class SimModel:
     def precisions(self) -> dict[str, str]:
         """The precision each kernel class computes in (the classes not named: bf16)."""
         return {"gemm": self.gemm_precision, "moe": self.expert_precision}
+
+    @property
+    def head_bytes(self) -> float:
+        """Bytes per weight of the embedding and the LM head."""
+        return self.weight_bytes if self.embed_bytes is None else self.embed_bytes
 
     @property
     def num_moe_layers(self) -> int:
@@ -183,7 +192,7 @@ def swiglu(m: SimModel, tokens: int, intermediate: int) -> Cost:
 
 def lm_head(m: SimModel, p: Parallel, tokens: int) -> Cost:
     """The LM head (hidden -> vocabulary / tp) for `tokens` tokens."""
-    return gemm(tokens, m.spec.hidden, _split(m.vocab_size, p.tp, "vocab_size"), m.weight_bytes, m.act_bytes)
+    return gemm(tokens, m.spec.hidden, _split(m.vocab_size, p.tp, "vocab_size"), m.head_bytes, m.act_bytes)
 
 
 def _split(total: int, tp: int, name: str) -> int:
@@ -242,17 +251,19 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
 def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """One MLA layer per rank: fused q/kv down-projection (replicated), the RMSNorms of its q and kv latents (the
     kernels and bytes of fusion's traffic accounting: one fused pass with `mech.fused_mla_norm`, else two), q_b,
-    kv_b, output gate, o_proj; attention over the 576-wide latent cache, which every rank keeps whole (prefill:
-    heads expanded; decode and verify: absorbed into the latent)."""
+    kv_b, output gate (where the spec has one), o_proj; attention over the 576-wide latent cache, which every rank
+    keeps whole (prefill: heads expanded; decode and verify: absorbed into the latent)."""
     s, t = m.spec, p.tp
     heads = _split(s.mla_heads, t, "mla_heads")
     qk = s.qk_nope_dim + s.rope_dim
     latent = s.latent_dim
     tokens = sum(q.new_tokens for q in seqs)
-    gemms = Cost.total((gemm(tokens, s.hidden, s.q_lora_rank + latent, m.weight_bytes, m.act_bytes),
-                        gemm(tokens, s.q_lora_rank, heads * qk, m.weight_bytes, m.act_bytes),
-                        gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes),   # output gate
-                        gemm(tokens, heads * s.v_head_dim, s.hidden, m.weight_bytes, m.act_bytes)))
+    projections = [gemm(tokens, s.hidden, s.q_lora_rank + latent, m.weight_bytes, m.act_bytes),
+                   gemm(tokens, s.q_lora_rank, heads * qk, m.weight_bytes, m.act_bytes),
+                   gemm(tokens, heads * s.v_head_dim, s.hidden, m.weight_bytes, m.act_bytes)]
+    if s.mla_output_gate:
+        projections.insert(2, gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes))
+    gemms = Cost.total(projections)
     gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1
     stage = mla_norm_traffic(tokens, s.q_lora_rank, s.kv_lora_rank, m.act_bytes, mech.fused_mla_norm)
     norm = Cost(flops=4.0 * tokens * (s.q_lora_rank + s.kv_lora_rank), act_bytes=stage.bytes, kernels=stage.kernels)
@@ -280,8 +291,9 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
 
 
 def expert_params(s: K3Spec) -> int:
-    """Weights of one routed expert: gate and up (latent -> intermediate) and down."""
-    return 3 * s.expert_latent * s.moe_intermediate
+    """Weights of one routed expert: gate and up (its input, the latent or the hidden state -> intermediate) and
+    down."""
+    return 3 * s.expert_input * s.moe_intermediate
 
 
 def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
@@ -292,9 +304,12 @@ def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
 def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """One latent-MoE layer per rank: router, shared experts (tensor parallel), the replicated latent down and
     up projections (the up one 1/tp per rank with `mech.sharded_latent_up`, or above `mech.latent_up_tier`
-    tokens), the routed experts (MXFP4), and the all-reduce of their partial latents."""
+    tokens), the routed experts (MXFP4), and the all-reduce of their partial latents. A spec without a latent
+    (`expert_latent` 0) is a plain MoE (`_plain_moe_layer`)."""
     s, t = m.spec, p.tp
     tokens = sum(q.new_tokens for q in seqs)
+    if not s.expert_latent:
+        return _plain_moe_layer(m, p, tokens, mech)
     if mech.sequence_parallel_moe and t > 1:
         if p.moe != "ep":
             raise ValueError(f"Parallel.moe: {p.moe!r} with moe_dedup sp; valid: ep (sp runs each rank's 1/tp of "
@@ -309,10 +324,19 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
     up = _split(s.hidden, t, "hidden") if mech.sharded_latent_up else s.hidden
     latent = Cost.total((gemm(tokens, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes),
                          gemm(tokens, s.expert_latent, up, m.weight_bytes, m.act_bytes)))
+    experts = routed_experts(m, p, tokens)
+    experts.comm_bytes, experts.collectives = tokens * s.expert_latent * m.act_bytes, 1
+    shared.comm_bytes, shared.collectives = tokens * s.hidden * m.act_bytes, 1
+    return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
+
+
+def routed_experts(m: SimModel, p: Parallel, tokens: int) -> Cost:
+    """The routed experts of one MoE layer per rank over `tokens` tokens, without their all-reduce. Attention is
+    tensor parallel, so every rank holds every token: each computes its share of the routed experts (EP: its 1/tp
+    of the experts; TP: a 1/tp slice of every expert), reading the weights of the experts the step touches."""
+    s, t = m.spec, p.tp
     per_expert = expert_params(s)
     pairs = tokens * s.experts_per_token
-    # Attention is tensor parallel, so every rank holds every token: each computes its share of the routed experts
-    # (EP: its 1/tp of the experts; TP: a 1/tp slice of every expert) and the partial latents are all-reduced.
     if p.moe == "ep":
         local = _split(s.num_experts, t, "num_experts")
         touched = expected_experts(s.num_experts, s.experts_per_token, tokens) * local / s.num_experts
@@ -320,11 +344,23 @@ def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
     else:
         touched = expected_experts(s.num_experts, s.experts_per_token, tokens)
         weights = touched * per_expert / t * m.expert_bytes
-    experts = Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=weights,
-                   act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
-                   comm_bytes=tokens * s.expert_latent * m.act_bytes, collectives=1)
-    shared.comm_bytes, shared.collectives = tokens * s.hidden * m.act_bytes, 1
-    return {"moe_router": router, "moe_shared": shared, "moe_latent": latent, "moe_experts": experts}
+    return Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=weights,
+                act_bytes=pairs / t * 2 * s.expert_input * m.act_bytes, kernels=2)
+
+
+def _plain_moe_layer(m: SimModel, p: Parallel, tokens: int, mech: Mechanisms) -> dict[str, Cost]:
+    """A plain MoE layer per rank (DeepSeek's: the experts on the hidden state): router, shared experts (tensor
+    parallel), routed experts, and one all-reduce of their summed partial outputs (vLLM's `DeepseekV2MoE` adds
+    the shared output to the routed one before reducing)."""
+    if mech.sharded_latent_up or mech.latent_up_tier is not None or mech.sequence_parallel_moe:
+        raise ValueError(f"moe_dedup: {m.spec.name} has no latent MoE (expert_latent 0); its mechanisms change the "
+                         "latent tail; valid: moe_dedup=off")
+    s = m.spec
+    router = gemm(tokens, s.hidden, s.num_experts, m.weight_bytes, m.act_bytes)
+    shared = swiglu(m, tokens, _split(s.moe_intermediate * s.num_shared_experts, p.tp, "shared intermediate"))
+    experts = routed_experts(m, p, tokens)
+    experts.comm_bytes, experts.collectives = tokens * s.hidden * m.act_bytes, 1
+    return {"moe_router": router, "moe_shared": shared, "moe_experts": experts}
 
 
 def _moe_layer_sp(m: SimModel, t: int, tokens: int) -> dict[str, Cost]:
@@ -391,18 +427,20 @@ def step_costs(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STO
         for name, cost in costs.items():
             out.setdefault(name, Cost()).add(cost, times)
 
-    kda = kda_layer(m, p, packed(seqs) if mech.packed_kda else seqs, mech)
-    if mech.kda_streams:
-        kda["kda_streams"] = Cost.total((kda.pop("kda_prefill"), kda.pop("kda_recurrent")))
-    add(kda, s.num_kda_layers)
+    if s.num_kda_layers:
+        kda = kda_layer(m, p, packed(seqs) if mech.packed_kda else seqs, mech)
+        if mech.kda_streams:
+            kda["kda_streams"] = Cost.total((kda.pop("kda_prefill"), kda.pop("kda_recurrent")))
+        add(kda, s.num_kda_layers)
     add(mla_layer(m, p, seqs, mech), s.num_mla_layers)
     add(moe_layer(m, p, seqs, mech), m.num_moe_layers)
     add(dense_layer(m, p, seqs), m.num_dense_layers)
-    mix = Cost()
-    for layer in range(s.num_layers):
-        mix.add(attn_res(m, seqs, layer))
-    out["attn_res"] = mix
-    out["embed"] = Cost(act_bytes=tokens * s.hidden * m.act_bytes, weight_bytes=tokens * s.hidden * m.weight_bytes,
+    if s.attn_res_block:
+        mix = Cost()
+        for layer in range(s.num_layers):
+            mix.add(attn_res(m, seqs, layer))
+        out["attn_res"] = mix
+    out["embed"] = Cost(act_bytes=tokens * s.hidden * m.act_bytes, weight_bytes=tokens * s.hidden * m.head_bytes,
                         kernels=1)
     out["lm_head"] = lm_head(m, p, logit_tokens(seqs))
     return out
@@ -426,13 +464,13 @@ def weights_per_rank(m: SimModel, p: Parallel, mech: Mechanisms = STOCK) -> floa
     s, t = m.spec, p.tp
     one = [Seq(1, 0, "decode")]
     mech = replace(mech, latent_up_tier=None)             # tiered holds every row of W_up
-    kda = kda_layer(m, p, one)["kda_proj"].weight_bytes
+    kda = kda_layer(m, p, one)["kda_proj"].weight_bytes if s.num_kda_layers else 0.0
     mla = mla_layer(m, p, one)
     attn = mla["mla_proj"].weight_bytes + mla["mla_decode"].weight_bytes
     moe = moe_layer(m, p, one, mech)
     experts = s.num_experts * expert_params(s) * m.expert_bytes / t
-    dense = dense_layer(m, p, one)["dense_ffn"].weight_bytes
-    non_expert = sum(moe[k].weight_bytes for k in ("moe_router", "moe_shared", "moe_latent"))
+    dense = dense_layer(m, p, one)["dense_ffn"].weight_bytes if m.num_dense_layers else 0.0
+    non_expert = sum(moe[k].weight_bytes for k in ("moe_router", "moe_shared", "moe_latent") if k in moe)
     vocab = lm_head(m, p, 1).weight_bytes                 # the embedding table holds as much
     mtp = s.mtp_layers * (attn + non_expert + experts + 2 * s.hidden * s.hidden * m.weight_bytes)
     return (s.num_kda_layers * kda + s.num_mla_layers * attn + m.num_moe_layers * (non_expert + experts)

@@ -18,6 +18,8 @@ CPU_MLA_KV_LORA_RANK = 512
 CPU_MLA_ROPE_DIM = 64
 # Models that only their checkpoint defines (conf/model/<name>.yaml): vLLM serves them from `checkpoint`, never empty.
 FULL_SIZE_MODELS = ("kimi_k3",)
+# Models only the serving simulator runs (its check against published GPU results): no vLLM cell is built for them.
+SIM_ONLY_MODELS = ("deepseek_r1",)
 
 
 def _bad(field_name: str, value: Any, valid: str) -> ValueError:

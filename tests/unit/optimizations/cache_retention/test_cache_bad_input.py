@@ -37,8 +37,20 @@ def test_a_pool_needs_at_least_one_block(num_blocks):
 def test_geometry_fields_must_be_positive_integers(field, value):
     kwargs = {"name": "bad", "block_size": 4, "block_bytes": 1, "num_attn_groups": 1, "num_state_groups": 1,
               "state_bytes": 1, "latent_bytes_per_token": 1, field: value}
+    if field == "num_state_groups" and value == 0:
+        kwargs["state_bytes"] = 0           # no state, no state groups: valid (an attention-only model)
+        assert CacheGeometry(**kwargs).num_state_groups == 0
+        return
     with pytest.raises(ValueError, match=rf"CacheGeometry\.{field}: invalid value {value!r}"):
         CacheGeometry(**kwargs)
+
+
+def test_a_geometry_has_a_state_exactly_when_it_has_state_groups():
+    kwargs = {"name": "bad", "block_size": 4, "block_bytes": 1, "num_attn_groups": 1, "latent_bytes_per_token": 1}
+    CacheGeometry(**kwargs, num_state_groups=0, state_bytes=0)          # attention only: no state
+    for groups, state in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError, match=rf"num_state_groups {groups} and state_bytes {state}: both 0"):
+            CacheGeometry(**kwargs, num_state_groups=groups, state_bytes=state)
 
 
 @pytest.mark.parametrize("chunk_size", [0, -16, True])
