@@ -3,6 +3,7 @@ one run end to end on this CPU."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 import pytest
@@ -76,6 +77,23 @@ def test_bad_arguments_are_one_line_errors(capsys, tmp_path):
     assert calibrate.main(["--packages", "cache_retention", "--out", str(tmp_path / "x.yaml")]) == 2
     assert "--packages: 'cache_retention' has no CALIBRATION; valid choices: " in capsys.readouterr().err
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_probe_whose_first_call_exceeds_the_cap_is_timed_once_and_its_larger_sizes_are_skipped(monkeypatch):
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.02)
+
+    assert len(calibrate._times(slow, "cpu", rounds=4, cap_s=0.01)) == 1 and len(calls) == 1
+    assert len(calibrate._times(slow, "cpu", rounds=4)) == 4 and len(calls) == 6
+    monkeypatch.setattr(calibrate, "PROBE_CAP_S", 0.0)          # every size over the cap: only the first runs
+    assert len(calibrate.probe_rows("cpu", rounds=3)) == 2      # one gemm row, one moe row
+    timed = []
+    real = calibrate._times
+    monkeypatch.setattr(calibrate, "_times", lambda fn, d, r, cap=None: timed.append(cap) or real(fn, d, r, cap))
+    assert calibrate.gemm_flops("cpu", sizes=(8, 16, 32), rounds=3) > 0 and timed == [0.0]
 
 
 @pytest.mark.slow
