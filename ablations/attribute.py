@@ -22,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ablations import attribution as att
+from ablations.artefacts import Artefact, artefacts
 from ablations.cells import Cell, find_cells, write_result
 from ablations.experiment import design_cells, label
 
@@ -47,6 +48,7 @@ class Sweep:
     missing: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     orders: list[tuple[str, ...]] | None = None
+    artefacts: list[Artefact] = field(default_factory=list)
 
     @property
     def game(self) -> att.Game:
@@ -102,7 +104,8 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
             raise SweepError(f"{cell.where}: no metric {metric!r}; it has: {', '.join(sorted(metrics)) or 'none'}")
         values[coalition][key[1]] = float(metrics[metric])
     missing = [f"{label(c, players)} repeat {r}" for c in expected for r in range(repeats) if r not in values[c]]
-    sweep = Sweep(players, design, metric, values, expected, repeats, missing, failed, orders)
+    sweep = Sweep(players, design, metric, values, expected, repeats, missing, failed, orders,
+                  artefacts(sweep_cells, players, metric))
     if missing and not allow_missing:
         failures = f"; failed: {'; '.join(failed)}" if failed else ""
         raise SweepError(f"{len(missing)} of {len(expected) * repeats} cells missing: {', '.join(missing)}"
@@ -128,11 +131,24 @@ def attribute(sweep: Sweep, bootstrap_num: int = 1000) -> dict[str, Any]:
     if pairs is None:
         pairs = att.interactions_at_ends(game)
     out["interactions"] = {f"{a}+{b}": v for (a, b), v in pairs.items()}
+    out["artefacts"] = [a.to_dict() for a in sweep.artefacts]
+    out["flagged"] = flagged(out, sweep.artefacts)
     if sweep.repeats > 1 and out["shapley"] is not None:
         method = out["shapley_method"]
         intervals = att.bootstrap(game, lambda g: _shapley(g, sweep, method)[0], num=bootstrap_num)
         out["shapley_interval"] = {p: list(v) for p, v in intervals.items()}
     return out
+
+
+def flagged(out: dict[str, Any], found: list[Artefact]) -> dict[str, list[str]]:
+    """Each work-removing toggle with a negative Shapley, add-one-in or leave-one-out value: the values that are
+    negative (its drops, the cells and points behind them, are in `found`)."""
+    out_flags = {}
+    for player in dict.fromkeys(a.player for a in found):
+        negative = [c for c in ("shapley", "add_one_in", "leave_one_out") if ((out.get(c) or {}).get(player) or 0) < 0]
+        if negative:
+            out_flags[player] = negative
+    return out_flags
 
 
 def _maybe(fn, game):
@@ -174,6 +190,11 @@ def table(out: dict[str, Any]) -> str:
         lines.append(f"{'sum':<16}{_num(sum(out['shapley'].values())):>15}")
     for name, value in out["interactions"].items():
         lines.append(f"interaction {name}: {_num(value)}")
+    for player, negative in out.get("flagged", {}).items():
+        drops = [a for a in out["artefacts"] if a["player"] == player]
+        lines.append(f"frontier artefact: {player}'s {', '.join(negative)} < 0 although it only removes work; "
+                     f"{len(drops)} cell pair(s) drop when it is added, largest:")
+        lines += [f"  {a['line']}" for a in drops[:3]]
     lines += [f"missing: {m}" for m in out["missing"]] + [f"failed: {f}" for f in out["failed"]]
     return "\n".join(lines)
 

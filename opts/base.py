@@ -120,7 +120,9 @@ class Optimization:
     simulator (`sim.py`). `run_bench(cases, *, quick, out_dir)`: set by a package whose
     cases are not timed `BenchCase`s; `python -m opts bench` calls it instead of `opts.bench.run` and writes
     the result it returns as the JSON; `out_dir` (None: the package's default) is where it writes files, for a
-    package with `writes_files` (any other refuses `--out`).
+    package with `writes_files` (any other refuses `--out`). `removes_work`: the modes whose steps never do more
+    than off's (fewer kernels, bytes or FLOPs, nothing added), so a cell with one of them on cannot be slower
+    than without it: a negative marginal there is the frontier's artefact (`ablations.artefacts`).
     """
 
     name: str
@@ -132,6 +134,7 @@ class Optimization:
     sim_setting: Callable[[Any, str], SimSetting]
     run_bench: Callable[..., dict[str, Any]] | None = None
     writes_files: bool = False
+    removes_work: tuple[str, ...] = ()
 
     def config(self, **values: Any) -> ToggleConfig:
         """A validated config of this optimization."""

@@ -1,5 +1,6 @@
 """Experiment presets: each design's multirun sweeps exactly its cells, a cell sets its players' modes, and a
-sweep interrupted half way resumes without redoing finished cells (the workload-only backend: no engine)."""
+sweep interrupted half way resumes without redoing finished cells, a changed toggle field changes a cell's config
+hash and a rerun redoes it (the workload-only backend: no engine)."""
 
 from __future__ import annotations
 
@@ -155,3 +156,81 @@ def test_an_interrupted_multirun_resumes_without_redoing_finished_cells(tmp_path
     assert all(json.loads(p.read_text())["status"] == "ok" for p in after)
     assert "finished before, skipped" in done.stdout + done.stderr
     assert json.loads((tmp_path / "attribution.json").read_text())["missing"] == []
+
+
+# A valid other value for each toggle field (and what it needs beside it); a field missing here fails the test below.
+OTHER_VALUE = {
+    "mode": None,                         # every other mode of the toggle
+    "on_backend": ["vllm_cpu"], "tile_tokens": [64], "stage_bytes": [4096], "chunk_size": [32],
+    "mechanisms": [["mla_norm"]], "idle_s": [12.5], "resume_from": ["prompt_tail"],
+    "resume_unit": [16, {"resume_from": "prompt_tail"}], "tier_threshold": [512], "k": [4], "max_k": [6],
+    "profile": ["decaying"], "alphas": [[0.7, 0.6, 0.5]], "sampling": ["standard"], "schedule": [[[1, 8, 2]]],
+    "draft_pass_s": [1e-3], "draft_token_s": [1e-4], "draft_expert_s": [1e-3], "verify_pass_s": [1e-2],
+    "verify_token_s": [1e-3], "verify_expert_s": [1e-2], "expert_fraction": [0.25],
+}
+
+
+def _hydra_value(value) -> str:
+    return json.dumps(value).replace(" ", "") if isinstance(value, list) else str(value)
+
+
+def _cell_hash(overrides: dict[str, object], cell: str = "all_off") -> str:
+    from ablations.cells import config_hash
+
+    args = ["experiment=main", f"ablation.cell={cell}"] + [f"{k}={_hydra_value(v)}" for k, v in overrides.items()]
+    cfg = apply_cell(composed(args, hydra=False))
+    to_app(cfg).toggles()       # the changed value is valid: the cell would run with it
+    return config_hash(OmegaConf.to_container(cfg, resolve=True))
+
+
+def _changes():
+    from dataclasses import fields
+
+    for name, opt in OPTIMIZATIONS.items():
+        for f in fields(opt.config()):
+            assert f.name in OTHER_VALUE, f"opts.{name}.{f.name}: add a valid other value to OTHER_VALUE"
+            if f.name == "mode":      # a player's mode is the cell's: each of its modes as the cell's "on"
+                for mode in type(opt.config()).MODES[1:]:
+                    yield name, "mode", mode, {}
+                continue
+            value, *needs = OTHER_VALUE[f.name]
+            yield name, f.name, value, {f"opts.{name}.{k}": v for k, v in (needs[0] if needs else {}).items()}
+
+
+def test_changing_any_field_of_any_toggle_changes_the_cells_config_hash():
+    base = _cell_hash({})
+    seen = {}
+    for name, field_name, value, needs in _changes():
+        before = _cell_hash(needs) if needs else base
+        if field_name == "mode":
+            after = _cell_hash({f"+ablation.on.{name}": value}, cell=name)
+        else:
+            after = _cell_hash({**needs, f"opts.{name}.{field_name}": value})
+        assert after != before, f"opts.{name}.{field_name}={value!r} leaves the cell's config hash unchanged"
+        seen[f"{name}.{field_name}={value}"] = after
+    assert len(set(seen.values())) == len(seen), "two different changes gave one hash"
+    assert len(seen) >= sum(len(type(o.config()).MODES) - 1 for o in OPTIMIZATIONS.values()) + 20
+
+
+@pytest.mark.spawns
+def test_a_rerun_with_a_changed_toggle_field_redoes_the_cells_instead_of_reusing_them(tmp_path):
+    args = multirun_args(tmp_path, "factorial", ["draft_length"])
+    first = procs.run(args, timeout_s=300, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p: json.loads(p.read_text())["config_hash"] for p in tmp_path.glob("*/result.json")}
+    assert len(before) == 2
+    changed = procs.run([*args, "opts.draft_length.k=4"], timeout_s=300, cwd=tmp_path)     # a player's field
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    assert "finished before, skipped" not in changed.stdout + changed.stderr
+    after = {p: json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")}
+    assert set(after) == set(before)
+    assert all(after[p]["config_hash"] != before[p] for p in before), "a cell kept its old result"
+    assert all(after[p]["config"]["opts"]["draft_length"]["k"] == 4 for p in after)
+    again = procs.run([*args, "opts.draft_length.k=4"], timeout_s=300, cwd=tmp_path)
+    assert again.returncode == 0 and (again.stdout + again.stderr).count("finished before, skipped") == 2
+    # a field of a toggle that is not a player is another experiment: refused, nothing overwritten
+    kept = {p: p.read_bytes() for p in after}
+    other = procs.run([*args, "opts.draft_length.k=4", "opts.fusion.mechanisms=[mla_norm]"], timeout_s=300,
+                      cwd=tmp_path)
+    assert "holds a result of another experiment" in other.stderr, other.stderr[-3000:]
+    assert {p: p.read_bytes() for p in kept} == kept
