@@ -144,6 +144,8 @@ class HybridPool:
         self.num_resumes = 0
         self.num_preemptions = 0
         self.checkpoint_bytes = 0
+        self.version = 0        # bumped by every change a lookup can see (names, readiness): find_hit's memo
+        self._memo: tuple | None = None
 
     # blocks
 
@@ -191,6 +193,7 @@ class HybridPool:
             bid = pop()
             key = key_of.pop(bid, None)
             if key is not None:
+                self.version += 1
                 self.ahead.pop(bid, None)
                 if key[0] == RESUME_STATE:
                     self._untail(key, bid)
@@ -209,6 +212,7 @@ class HybridPool:
         return bids
 
     def _hash(self, bid: int, full_key: tuple, depth: int) -> None:
+        self.version += 1
         self.key_of[bid] = full_key
         self.depth[bid] = depth
         self.cached.setdefault(full_key, []).append(bid)
@@ -226,6 +230,7 @@ class HybridPool:
                 del self.tails[depth]
 
     def _drop_extra(self, bid: int) -> None:
+        self.version += 1
         for key in self.extra.pop(bid):
             bids = self.cached[key]
             bids.remove(bid)
@@ -233,6 +238,7 @@ class HybridPool:
                 del self.cached[key]
 
     def _unhash(self, bid: int) -> None:
+        self.version += 1
         self.ahead.pop(bid, None)
         if bid in self.extra:
             self._drop_extra(bid)
@@ -267,7 +273,19 @@ class HybridPool:
                  previous: CacheRequest | None) -> tuple[int, bool, list[list[int]]]:
         """(cached prompt tokens, whether they come from a resume point, the leading cached attention blocks:
         one block per group for each). With MTP the attention lookup reaches one block further (to the prompt's
-        last full block) and drops its last block: the hit and the junction end one block earlier."""
+        last full block) and drops its last block: the hit and the junction end one block earlier. The same
+        request asked again before anything a lookup sees has changed (`version`) gets the same answer without a
+        walk: the engine asks for the waiting head each step until it is admitted."""
+        memo = self._memo
+        if memo is not None and memo[0] == self.version and memo[1] is request and memo[2] is keys \
+                and memo[3] is previous:
+            return memo[4]
+        out = self._find_hit(request, keys, previous)
+        self._memo = (self.version, request, keys, previous, out)
+        return out
+
+    def _find_hit(self, request: CacheRequest, keys: list,
+                  previous: CacheRequest | None) -> tuple[int, bool, list[list[int]]]:
         prompt = request.num_prompt_tokens
         limit = (prompt if self.speculative else prompt - 1) // self.block_size
         found: list[list[int]] = []
@@ -364,6 +382,7 @@ class HybridPool:
         preempted request again (its prompt all it had computed), which keeps no prompt tail for a resume."""
         g, size, session = self.geometry, self.block_size, request.session
         hit, is_resume, found = self.find_hit(request, keys, previous)
+        self._memo = None       # what admission builds on `found` is its own from here
         leading, num_hit_blocks = len(found), hit // size
         hit_attn = found[:num_hit_blocks]
         if is_resume:
@@ -491,6 +510,7 @@ class HybridPool:
         full = num_tokens // size
         if full <= run.num_hashed:
             return
+        self.version += 1
         for i, blocks in enumerate(run.attn):   # _hash, inlined: this runs for every new block
             for j in range(run.num_hashed, full):
                 bid, key = blocks[j], (ATTN, i, keys[j])
@@ -522,6 +542,7 @@ class HybridPool:
             for i, blocks in enumerate(run.attn):
                 bid, name = blocks[point // self.block_size], (RESUME_BLOCK, i, key)
                 if bid in self.key_of:
+                    self.version += 1
                     self.extra.setdefault(bid, []).append(name)
                     self.cached.setdefault(name, []).append(bid)
                 else:
@@ -534,6 +555,7 @@ class HybridPool:
         depth, key_of = self.depth, self.key_of
         named = {b for blocks in run.attn for b in blocks} | {b for b, _ in run.states}
         run.ahead = sorted((depth[b], b) for b in named if b in key_of and depth[b] > hit)
+        self.version += bool(run.ahead)
         for _, b in run.ahead:
             self.ahead[b] = index
 
@@ -545,6 +567,7 @@ class HybridPool:
     def _release(self, index: int, bid: int) -> None:
         if self.ahead.get(bid) == index:        # not evicted and named again since
             del self.ahead[bid]
+            self.version += 1
 
     def progress(self, index: int, computed: int) -> None:
         """progressive: the running request has computed its first `computed` tokens: what it named up to there

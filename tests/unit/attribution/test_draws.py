@@ -1,0 +1,86 @@
+"""Joint draws of the assumed figures: the Latin hypercube covers every range one stratum per draw, collapsed
+ranges give the plain run's values (and so the plain run's cell, byte for byte), and the intervals' summary:
+5-95%, P(> 0), rank kept, "not resolved" where the interval spans 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ablations.backends.sim.cell import run_sim_cell
+from ablations.config import compose_app
+from ablations.draws import apply_draw, latin_hypercube, quantile, summarize, table
+from ablations.workload import load_workload
+
+
+def mi355x():
+    return compose_app(["backend=sim", "model=kimi_k3", "hardware=mi355x_x8", "workload=agentx_small",
+                        "backend.concurrency=[1,2]"])
+
+
+def test_every_range_is_covered_one_stratum_per_draw():
+    ranges = {"launch_us": [2.0, 15.0], "efficiency.gemm": [0.56, 0.67], "ccl_us": [12.0, 30.0]}
+    draws = latin_hypercube(ranges, 16, seed=3)
+    assert len(draws) == 16 and all(set(d) == set(ranges) for d in draws)
+    for key, (low, high) in ranges.items():
+        strata = sorted(int((d[key] - low) / (high - low) * 16) for d in draws)
+        assert strata == list(range(16)), key
+    assert latin_hypercube(ranges, 16, seed=3) == draws
+    assert latin_hypercube(dict(reversed(list(ranges.items()))), 16, seed=3) == draws
+    assert latin_hypercube(ranges, 16, seed=4) != draws
+    # the pairing across figures is shuffled, not the same stratum for every figure
+    assert any(int((d["launch_us"] - 2) / 13 * 16) != int((d["ccl_us"] - 12) / 18 * 16) for d in draws)
+
+
+def test_bad_ranges_and_counts_are_named():
+    with pytest.raises(ValueError, match=r"ranges\.ccl_us: invalid value \[30\.0, 12\.0\]"):
+        latin_hypercube({"ccl_us": [30.0, 12.0]}, 4)
+    with pytest.raises(ValueError, match=r"draws: invalid value 0"):
+        latin_hypercube({"ccl_us": [1.0, 2.0]}, 0)
+
+
+def test_collapsed_ranges_reproduce_the_plain_cell_byte_for_byte():
+    app = mi355x()
+    hw = app.hardware
+    collapsed = {key: [hw.value(key)] * 2 for key in hw.ranges}
+    draws = latin_hypercube(collapsed, 3)
+    assert all(apply_draw(hw, d) == hw for d in draws)
+    trace = load_workload(app.workload)
+    plain = run_sim_cell(app.backend, app.model.name, hw, app.toggles(), trace)
+    drawn = run_sim_cell(app.backend, app.model.name, apply_draw(hw, draws[1]), app.toggles(), trace)
+
+    def strip(cell):
+        return json.dumps({**cell, "point_details": [{k: v for k, v in p.items() if k != "wall_s"}
+                                                     for p in cell["point_details"]]}, sort_keys=True)
+    assert strip(drawn) == strip(plain)
+    # and a real draw moves the cell
+    moved = latin_hypercube(hw.ranges, 3, seed=1)[0]
+    assert apply_draw(hw, moved) != hw
+
+
+def test_a_draw_keeps_efficiencies_at_most_one():
+    hw = mi355x().hardware
+    assert apply_draw(hw, {"efficiency.gemm": 1.3}).efficiency["gemm"] == 1.0
+    assert apply_draw(hw, {"launch_us": 7.5}).launch_us == 7.5
+
+
+def test_the_summary_gives_intervals_p_positive_and_rank_stability():
+    point = {"a": 10.0, "b": 5.0, "c": -1.0}
+    draws = [{"a": 10.0 + i, "b": 5.0 - i, "c": -1.0 + 0.2 * i} for i in range(20)]   # b overtakes c, c crosses 0
+    out = summarize(point, draws)
+    assert out["a"].resolved and out["a"].p_positive == 1.0 and out["a"].rank_kept == 1.0
+    assert (out["a"].low, out["a"].high) == (quantile(range(10, 30), 0.05), quantile(range(10, 30), 0.95))
+    assert not out["c"].resolved and out["c"].p_positive == pytest.approx(14 / 20)
+    assert out["b"].rank_kept == pytest.approx(6 / 20)      # b second while 5 - i >= -1 + 0.2 i (a tie by name)
+    assert out["b"].values == tuple(5.0 - i for i in range(20))
+    text = table(out, 20)
+    assert "over 20 joint draws" in text
+    assert [line.endswith("not resolved by the model") for line in text.splitlines()[2:]] == [False, True, True]
+
+
+def test_the_quantile_is_linear_between_order_statistics():
+    assert quantile([0.0, 10.0], 0.05) == pytest.approx(0.5)
+    assert quantile([3.0], 0.95) == 3.0
+    with pytest.raises(ValueError):
+        quantile([], 0.5)
