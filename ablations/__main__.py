@@ -192,9 +192,9 @@ def run_sweep_cell(cfg: DictConfig, out_dir: Path, result_name: str) -> None:
                  out_dir / result_name)
         return
     total = len(design_cells(cfg.ablation.design, players, num_permutations=cfg.ablation.num_permutations,
-                             seed=cfg.ablation.seed)) * cfg.ablation.repeats
-    log.info("[cell %d/%d] %s (repeat %d) -> %s", HydraConfig.get().job.num + 1, total, cfg.ablation.cell,
-             cfg.ablation.repeat, out_dir)
+                             seed=cfg.ablation.seed)) * cfg.ablation.repeats * (1 + cfg.ablation.draws)
+    log.info("[cell %d/%d] %s (repeat %d%s) -> %s", HydraConfig.get().job.num + 1, total, cfg.ablation.cell,
+             cfg.ablation.repeat, f", draw {cfg.ablation.draw}" if cfg.ablation.draws else "", out_dir)
     try:
         app = to_app(cfg)
         run(app, out_dir, config, players)

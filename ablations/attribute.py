@@ -24,6 +24,8 @@ from omegaconf import DictConfig
 from ablations import attribution as att
 from ablations.artefacts import Artefact, artefacts
 from ablations.cells import Cell, find_cells, write_result
+from ablations.draws import Interval, summarize
+from ablations.draws import table as draws_table
 from ablations.experiment import design_cells, label
 
 log = logging.getLogger("ablations")
@@ -49,6 +51,8 @@ class Sweep:
     failed: list[str] = field(default_factory=list)
     orders: list[tuple[str, ...]] | None = None
     artefacts: list[Artefact] = field(default_factory=list)
+    draws: int = 0
+    draw_values: dict[int, dict[frozenset, float]] = field(default_factory=dict)
 
     @property
     def game(self) -> att.Game:
@@ -84,14 +88,18 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
     expected = design_cells(design, players, num_permutations=config.get("num_permutations", 6),
                             seed=config.get("seed", 0))
     repeats = int(config.get("repeats", 1))
+    draws = int(config.get("draws", 0))
     values: dict[frozenset, dict[int, float]] = {c: {} for c in expected}
+    draw_values: dict[int, dict[frozenset, float]] = {d: {} for d in range(draws)}
     seen: dict[tuple, str] = {}
     failed = []
     for cell in sweep_cells:
         coalition = frozenset(cell.ablation.get("on", [])) if cell.ok else None
-        key = (cell.ablation.get("cell"), cell.ablation.get("repeat", 0))
+        draw = int((cell.result.get("config", {}).get("ablation") or {}).get("draw", -1))
+        key = (cell.ablation.get("cell"), cell.ablation.get("repeat", 0), draw)
         if key in seen:
-            raise SweepError(f"duplicate cell {key[0]} repeat {key[1]}: {seen[key]} and {cell.where}")
+            raise SweepError(f"duplicate cell {key[0]} repeat {key[1]}{f' draw {draw}' if draw >= 0 else ''}: "
+                             f"{seen[key]} and {cell.where}")
         seen[key] = cell.where
         if not cell.ok:
             failed.append(f"{key[0]} (repeat {key[1]}, {cell.where}): {cell.result.get('error', 'no error recorded')}")
@@ -102,10 +110,18 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
         metrics = cell.result.get("metrics", {})
         if metric not in metrics:
             raise SweepError(f"{cell.where}: no metric {metric!r}; it has: {', '.join(sorted(metrics)) or 'none'}")
+        if draw >= 0:
+            if draw not in draw_values:
+                raise SweepError(f"{cell.where}: draw {draw} is not in 0..{draws - 1} (ablation.draws)")
+            draw_values[draw][coalition] = float(metrics[metric])
+            continue
         values[coalition][key[1]] = float(metrics[metric])
     missing = [f"{label(c, players)} repeat {r}" for c in expected for r in range(repeats) if r not in values[c]]
+    missing += [f"{label(c, players)} draw {d}" for d in range(draws) for c in expected if c not in draw_values[d]]
+    point_cells = [c for c in sweep_cells
+                   if int((c.result.get("config", {}).get("ablation") or {}).get("draw", -1)) < 0]
     sweep = Sweep(players, design, metric, values, expected, repeats, missing, failed, orders,
-                  artefacts(sweep_cells, players, metric))
+                  artefacts(point_cells, players, metric), draws, draw_values)
     if missing and not allow_missing:
         failures = f"; failed: {'; '.join(failed)}" if failed else ""
         raise SweepError(f"{len(missing)} of {len(expected) * repeats} cells missing: {', '.join(missing)}"
@@ -132,12 +148,30 @@ def attribute(sweep: Sweep, bootstrap_num: int = 1000) -> dict[str, Any]:
         pairs = att.interactions_at_ends(game)
     out["interactions"] = {f"{a}+{b}": v for (a, b), v in pairs.items()}
     out["artefacts"] = [a.to_dict() for a in sweep.artefacts]
+    out["draws"] = _draws(sweep, out["shapley"])
     out["flagged"] = flagged(out, sweep.artefacts)
     if sweep.repeats > 1 and out["shapley"] is not None:
         method = out["shapley_method"]
         intervals = att.bootstrap(game, lambda g: _shapley(g, sweep, method)[0], num=bootstrap_num)
         out["shapley_interval"] = {p: list(v) for p, v in intervals.items()}
     return out
+
+
+def _draws(sweep: Sweep, point: dict[str, float] | None) -> dict[str, Any] | None:
+    """The Shapley values of every complete draw (exact, as the point's), and each toggle's interval over them."""
+    if not sweep.draws or point is None:
+        return None
+    per_draw = {}
+    for draw, cells in sorted(sweep.draw_values.items()):
+        try:
+            per_draw[draw] = att.shapley(att.Game(sweep.players, {c: (v,) for c, v in cells.items()}))
+        except att.MissingCells:
+            continue
+    if not per_draw:
+        return {"num": sweep.draws, "complete": 0, "values": {}, "intervals": {}}
+    intervals = summarize(point, list(per_draw.values()))
+    return {"num": sweep.draws, "complete": len(per_draw), "values": {str(d): v for d, v in per_draw.items()},
+            "intervals": {p: iv.to_dict() for p, iv in intervals.items()}}
 
 
 def flagged(out: dict[str, Any], found: list[Artefact]) -> dict[str, list[str]]:
@@ -190,6 +224,11 @@ def table(out: dict[str, Any]) -> str:
         lines.append(f"{'sum':<16}{_num(sum(out['shapley'].values())):>15}")
     for name, value in out["interactions"].items():
         lines.append(f"interaction {name}: {_num(value)}")
+    draws = out.get("draws")
+    if draws and draws["intervals"]:
+        intervals = {p: Interval(**{k: (tuple(v) if k == "values" else v) for k, v in iv.items() if k != "resolved"})
+                     for p, iv in draws["intervals"].items()}
+        lines.append(draws_table(intervals, draws["complete"]))
     for player, negative in out.get("flagged", {}).items():
         drops = [a for a in out["artefacts"] if a["player"] == player]
         lines.append(f"frontier artefact: {player}'s {', '.join(negative)} < 0 although it only removes work; "

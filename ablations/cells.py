@@ -42,10 +42,16 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def setting_hash(config: dict[str, Any], players: list[str]) -> str:
     """The hash of what every cell of one experiment shares: the config without the players' toggles and
-    without the cell, its repeat and the volatile keys."""
+    without the cell, its repeat, its draw (and the hardware figures the draw set) and the volatile keys."""
     opts = {name: fields for name, fields in config.get("opts", {}).items() if name not in players}
-    ablation = {k: v for k, v in config.get("ablation", {}).items() if k not in ("cell", "repeat")}
+    ablation = {k: v for k, v in config.get("ablation", {}).items() if k not in ("cell", "repeat", "draw", "drawn")}
     rest = {k: v for k, v in config.items() if k not in (*VOLATILE, "opts", "ablation")}
+    drawn = (rest.get("hardware") or {}).get("ranges") or {} if config.get("ablation", {}).get("draws") else {}
+    if drawn:           # the figures a draw sets (every ranged one): the draws of one experiment share the rest
+        hardware = {k: v for k, v in rest["hardware"].items() if k not in drawn}
+        hardware["efficiency"] = {k: v for k, v in (hardware.get("efficiency") or {}).items()
+                                  if f"efficiency.{k}" not in drawn}
+        rest = {**rest, "hardware": hardware}
     return digest({**rest, "opts": opts, "ablation": ablation})
 
 

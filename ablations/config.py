@@ -22,6 +22,7 @@ from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.commands import node_config
 from ablations.backends.vllm.config import FULL_SIZE_MODELS, SIM_ONLY_MODELS, ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.engine import engine_config, engine_kwargs
+from ablations.draws import apply_draw, latin_hypercube
 from ablations.experiment import AblationConfig, cell_vector, design_cells, label
 from ablations.hardware import HardwareConfig
 from ablations.paths import PathsConfig
@@ -201,10 +202,32 @@ def _cells(*, _root_: DictConfig) -> str:
     return ",".join(label(c, players) for c in cells)
 
 
+def apply_draw_to(cfg: DictConfig) -> DictConfig:
+    """The config with the hardware figures of draw `ablation.draw` (of `ablation.draws`, Latin hypercube over
+    `hardware.ranges` with `ablation.draw_seed`) set, and recorded in `ablation.drawn`; unchanged at draw -1."""
+    ablation = OmegaConf.to_object(cfg.ablation)
+    if ablation.draw < 0:
+        return cfg
+    hw = OmegaConf.to_object(cfg.hardware)
+    drawn = apply_draw(hw, latin_hypercube(hw.ranges, ablation.draws, ablation.draw_seed)[ablation.draw])
+    values = {}
+    for key in sorted(hw.ranges):
+        value = drawn.value(key)
+        values[key] = value
+        if key.startswith("efficiency."):
+            cfg.hardware.efficiency[key.removeprefix("efficiency.")] = value
+        else:
+            cfg.hardware[key] = value
+    cfg.ablation.drawn = values
+    return cfg
+
+
 def apply_cell(cfg: DictConfig) -> DictConfig:
-    """The config with each player's mode set by `ablation.cell` (unchanged without a cell)."""
+    """The config with each player's mode set by `ablation.cell` (unchanged without a cell) and the hardware of
+    its draw (`apply_draw_to`)."""
     if not cfg.ablation.cell:
         return cfg
+    apply_draw_to(cfg)
     ablation = OmegaConf.to_object(cfg.ablation)
     players = players_of(cfg)
     opts = cell_vector(ablation, players, OmegaConf.to_container(cfg.opts, resolve=True))

@@ -28,7 +28,9 @@ class AblationConfig:
     takes when on / off (default "on" / "off"). `num_permutations`, `seed`: shapley_sampled's random orders.
     `repeats`: how many times each cell runs (conf/experiment/repeat.yaml sweeps `repeat` over them).
     `cell`: the coalition this run is, "all_off" or toggles joined by "+" (the sweep sets it); empty in a
-    single run. `metric`: what the attribution explains.
+    single run. `metric`: what the attribution explains. `draws`, `draw`, `draw_seed`: the joint draws of the
+    hardware's assumed figures (`ablations/draws.py`, conf/experiment/draws.yaml): this cell runs draw `draw` of
+    `draws` (-1: the point values); `drawn`, the figures the draw set (filled by `apply_cell`).
     """
 
     design: str = "single"
@@ -41,6 +43,10 @@ class AblationConfig:
     repeat: int = 0
     cell: str = ""
     metric: str = "total_throughput"
+    draws: int = 0
+    draw: int = -1
+    draw_seed: int = 0
+    drawn: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.design not in DESIGNS:
@@ -54,6 +60,11 @@ class AblationConfig:
         for name, value in (("num_permutations", self.num_permutations), ("repeats", self.repeats)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ablation.{name}: invalid value {value!r}; valid: an integer >= 1")
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 0:
+            raise ValueError(f"ablation.draws: invalid value {self.draws!r}; valid: an integer >= 0")
+        if not -1 <= self.draw < self.draws:
+            raise ValueError(f"ablation.draw: {self.draw} is not in -1..{self.draws - 1} (ablation.draws; -1 the "
+                             "point values)")
         if not 0 <= self.repeat < self.repeats:
             raise ValueError(f"ablation.repeat: {self.repeat} is not in 0..{self.repeats - 1} (ablation.repeats)")
         if self.design == "single" and self.cell:

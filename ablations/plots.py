@@ -17,7 +17,8 @@ def _pyplot():
 
 
 def plot_attribution(out: dict[str, Any], bars_path: Path, heatmap_path: Path) -> list[Path]:
-    """Write the bars (Shapley value per toggle, its bootstrap interval or sampling error, add-one-in and
+    """Write the bars (Shapley value per toggle, its interval over the draws of the assumed figures, else its
+    bootstrap interval or sampling error, add-one-in and
     leave-one-out beside it) and, when there are interactions, their heatmap; the paths written."""
     plt = _pyplot()
     players = out["players"]
@@ -32,7 +33,12 @@ def plot_attribution(out: dict[str, Any], bars_path: Path, heatmap_path: Path) -
             xs = [i + (k - (len(shown) - 1) / 2) * width for i in range(len(players))]
             ys = [out[key][p] for p in players]
             yerr = None
-            if key == "shapley" and out.get("shapley_interval"):
+            draws = (out.get("draws") or {}).get("intervals")
+            if key == "shapley" and draws:       # 5-95% over the joint draws of the assumed figures
+                yerr = [[max(ys[i] - draws[p]["low"], 0.0) for i, p in enumerate(players)],
+                        [max(draws[p]["high"] - ys[i], 0.0) for i, p in enumerate(players)]]
+                name = f"Shapley (5-95% over {out['draws']['complete']} draws)"
+            elif key == "shapley" and out.get("shapley_interval"):
                 yerr = [[ys[i] - out["shapley_interval"][p][0] for i, p in enumerate(players)],
                         [out["shapley_interval"][p][1] - ys[i] for i, p in enumerate(players)]]
             elif key == "shapley" and out.get("shapley_error"):

@@ -66,6 +66,7 @@ CHANGES = {
         "one_at_a_time": {"ablation.design": "one_at_a_time"},
         "shapley_sampled": {"ablation.design": "shapley_sampled"},
         "repeat": {"ablation.repeats": 3},
+        "draws": {"ablation.draws": 16},
         "main": {"ablation.design": "factorial", "ablation.metric": "tput_per_gpu_at_slo", "model.name": "kimi_k3",
                  **gpu_node("mi355x_x8"),
                  **SIM_BACKEND, "backend.workers": 1, "backend.bracket_from": 6},
@@ -179,8 +180,8 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, fixed_1k1k, "
                           "fixed_1k8k, fixed_8k1k, mooncake_conversation, mooncake_synthetic"),
         ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
-        ("experiment=big", "experiment: unknown option 'big'; valid options: _sweep, cpu_small, factorial, main, "
-                           "main_vllm_cpu, one_at_a_time, repeat, shapley_sampled, slurm"),
+        ("experiment=big", "experiment: unknown option 'big'; valid options: _sweep, cpu_small, draws, factorial, "
+                           "main, main_vllm_cpu, one_at_a_time, repeat, shapley_sampled, slurm"),
         ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: deepseek_r1, k3_tiny"),
         ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, fixed, generator, "
                                "max_live_sessions, name, num_sessions, path, preset, schedule, seed, start, "

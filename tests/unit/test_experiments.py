@@ -234,3 +234,73 @@ def test_a_rerun_with_a_changed_toggle_field_redoes_the_cells_instead_of_reusing
                       cwd=tmp_path)
     assert "holds a result of another experiment" in other.stderr, other.stderr[-3000:]
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+def _draw_config(draw: int, *extra: str):
+    cfg = apply_cell(composed(["experiment=[main,draws]", "ablation.cell=all_off", f"ablation.draw={draw}", *extra],
+                              hydra=False))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_a_draw_sets_the_hardwares_ranged_figures_and_only_the_config_hash_records_it():
+    from ablations.cells import config_hash, setting_hash
+    from ablations.draws import latin_hypercube
+
+    point, first, second = _draw_config(-1), _draw_config(0), _draw_config(1)
+    ranges = point["hardware"]["ranges"]
+    draws = latin_hypercube(ranges, 16, 0)
+    assert point["ablation"]["drawn"] == {} and set(first["ablation"]["drawn"]) == set(ranges)
+    for key in ranges:
+        value = first["hardware"]["efficiency"][key.split(".")[1]] if key.startswith("efficiency.") \
+            else first["hardware"][key]
+        assert value == first["ablation"]["drawn"][key] == pytest.approx(draws[0][key]), key
+    assert len({config_hash(c) for c in (point, first, second)}) == 3
+    players = list(OPTIMIZATIONS)
+    assert len({setting_hash(c, players) for c in (point, first, second)}) == 1
+    # a non-drawn hardware figure is still the experiment's: another setting
+    other = _draw_config(0, "hardware.bandwidth_tb_s=7.0")
+    assert setting_hash(other, players) != setting_hash(first, players)
+    with pytest.raises(ValueError, match=r"ablation\.draw: 16 is not in -1\.\.15"):
+        to_app(apply_cell(composed(["experiment=[main,draws]", "ablation.cell=all_off", "ablation.draw=16"],
+                                   hydra=False)))
+
+
+def draws_args(sweep_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ablations", "-m", "experiment=[main,draws]", "hydra/launcher=basic",
+            "ablation.toggles=[fusion]", "ablation.draws=3", "workload=agentx_small", "backend.concurrency=[1,2]",
+            "backend.bracket_from=0", "ablation.metric=total_throughput", f"hydra.sweep.dir={sweep_dir}", *extra]
+
+
+@pytest.mark.spawns
+def test_the_draws_give_each_toggle_an_interval_and_collapsed_ranges_reproduce_the_point(tmp_path):
+    done = procs.run(draws_args(tmp_path / "drawn"), timeout_s=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = sorted(p.parent.name for p in (tmp_path / "drawn").glob("*/result.json"))
+    assert cells == sorted(f"{c}.r0.d{d}" for c in ("all_off", "fusion") for d in (-1, 0, 1, 2))
+    out = json.loads((tmp_path / "drawn" / "attribution.json").read_text())
+    draws = out["draws"]
+    assert (draws["num"], draws["complete"]) == (3, 3) and out["missing"] == []
+    interval = draws["intervals"]["fusion"]
+    assert interval["point"] == out["shapley"]["fusion"] and len(interval["values"]) == 3
+    assert interval["low"] <= interval["high"] and len(set(interval["values"])) == 3, "the draws move the value"
+    assert "over 3 joint draws of the assumed figures" in done.stdout + done.stderr
+    # every range collapsed to its point value: each draw is the plain run, byte for byte
+    hw = compose_app_hw()
+    collapsed = "hardware.ranges={" + ",".join(f"{k}:[{hw.value(k)!r},{hw.value(k)!r}]" for k in hw.ranges) + "}"
+    done = procs.run(draws_args(tmp_path / "collapsed", collapsed), timeout_s=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads((tmp_path / "collapsed" / "attribution.json").read_text())
+    kept = json.loads((tmp_path / "collapsed" / "fusion.r0.d0" / "result.json").read_text())
+    assert all(low == high for low, high in kept["config"]["hardware"]["ranges"].values())
+    assert kept["config"]["ablation"]["drawn"] == {k: hw.value(k) for k in hw.ranges}
+    assert all(v == out["shapley"] for v in out["draws"]["values"].values())
+    for cell in ("all_off", "fusion"):
+        point = json.loads((tmp_path / "collapsed" / f"{cell}.r0.d-1" / "result.json").read_text())
+        for d in range(3):
+            drawn = json.loads((tmp_path / "collapsed" / f"{cell}.r0.d{d}" / "result.json").read_text())
+            assert json.dumps(drawn["metrics"]) == json.dumps(point["metrics"])
+            assert drawn["points"] == point["points"]
+
+
+def compose_app_hw():
+    return to_app(composed(["experiment=main"], hydra=False)).hardware
