@@ -24,13 +24,14 @@ from omegaconf import DictConfig
 from ablations import attribution as att
 from ablations.artefacts import Artefact, artefacts
 from ablations.cells import Cell, find_cells, write_result
-from ablations.draws import Interval, summarize
+from ablations.draws import Interval, first_order, indices_table, summarize
 from ablations.draws import table as draws_table
 from ablations.experiment import design_cells, label
 
 log = logging.getLogger("ablations")
 CSV_FILE, JSON_FILE = "attribution.csv", "attribution.json"
 BARS_FILE, HEATMAP_FILE = "attribution_bars.png", "interactions.png"
+ASSUMPTIONS_FILE = "assumptions.png"      # which assumed figure moves each toggle's Shapley value (with draws)
 
 
 class SweepError(ValueError):
@@ -53,6 +54,7 @@ class Sweep:
     artefacts: list[Artefact] = field(default_factory=list)
     draws: int = 0
     draw_values: dict[int, dict[frozenset, float]] = field(default_factory=dict)
+    draw_figures: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def game(self) -> att.Game:
@@ -91,6 +93,7 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
     draws = int(config.get("draws", 0))
     values: dict[frozenset, dict[int, float]] = {c: {} for c in expected}
     draw_values: dict[int, dict[frozenset, float]] = {d: {} for d in range(draws)}
+    draw_figures: dict[int, dict[str, float]] = {}
     seen: dict[tuple, str] = {}
     failed = []
     for cell in sweep_cells:
@@ -114,6 +117,10 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
             if draw not in draw_values:
                 raise SweepError(f"{cell.where}: draw {draw} is not in 0..{draws - 1} (ablation.draws)")
             draw_values[draw][coalition] = float(metrics[metric])
+            drawn = cell.result["config"]["ablation"].get("drawn") or {}
+            if draw_figures.setdefault(draw, drawn) != drawn:
+                raise SweepError(f"{cell.where}: draw {draw}'s figures differ from another cell's of the same draw "
+                                 f"(ablation.draw_seed or hardware.ranges changed mid-sweep)")
             continue
         values[coalition][key[1]] = float(metrics[metric])
     missing = [f"{label(c, players)} repeat {r}" for c in expected for r in range(repeats) if r not in values[c]]
@@ -121,7 +128,7 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
     point_cells = [c for c in sweep_cells
                    if int((c.result.get("config", {}).get("ablation") or {}).get("draw", -1)) < 0]
     sweep = Sweep(players, design, metric, values, expected, repeats, missing, failed, orders,
-                  artefacts(point_cells, players, metric), draws, draw_values)
+                  artefacts(point_cells, players, metric), draws, draw_values, draw_figures)
     if missing and not allow_missing:
         failures = f"; failed: {'; '.join(failed)}" if failed else ""
         raise SweepError(f"{len(missing)} of {len(expected) * repeats} cells missing: {', '.join(missing)}"
@@ -170,8 +177,11 @@ def _draws(sweep: Sweep, point: dict[str, float] | None) -> dict[str, Any] | Non
     if not per_draw:
         return {"num": sweep.draws, "complete": 0, "values": {}, "intervals": {}}
     intervals = summarize(point, list(per_draw.values()))
+    figures = {d: sweep.draw_figures.get(d, {}) for d in per_draw}
+    indices = first_order(list(per_draw.values()), list(figures.values()))
     return {"num": sweep.draws, "complete": len(per_draw), "values": {str(d): v for d, v in per_draw.items()},
-            "intervals": {p: iv.to_dict() for p, iv in intervals.items()}}
+            "figures": {str(d): f for d, f in figures.items()},
+            "intervals": {p: iv.to_dict() for p, iv in intervals.items()}, "first_order": indices}
 
 
 def flagged(out: dict[str, Any], found: list[Artefact]) -> dict[str, list[str]]:
@@ -228,7 +238,9 @@ def table(out: dict[str, Any]) -> str:
     if draws and draws["intervals"]:
         intervals = {p: Interval(**{k: (tuple(v) if k == "values" else v) for k, v in iv.items() if k != "resolved"})
                      for p, iv in draws["intervals"].items()}
-        lines.append(draws_table(intervals, draws["complete"]))
+        lines.append(draws_table(intervals, draws["complete"], draws.get("first_order")))
+        if draws.get("first_order"):
+            lines.append(indices_table(draws["first_order"], draws["complete"]))
     for player, negative in out.get("flagged", {}).items():
         drops = [a for a in out["artefacts"] if a["player"] == player]
         lines.append(f"frontier artefact: {player}'s {', '.join(negative)} < 0 although it only removes work; "
@@ -253,9 +265,11 @@ def write_outputs(out: dict[str, Any], directory: Path) -> list[Path]:
             interval = (out.get("shapley_interval") or {}).get(p, [None, None])
             writer.writerow([p, *[(out.get(c) or {}).get(p) for c in cols], *interval])
     paths.append(directory / CSV_FILE)
-    from ablations.plots import plot_attribution
+    from ablations.plots import plot_attribution, plot_first_order
 
     paths += plot_attribution(out, directory / BARS_FILE, directory / HEATMAP_FILE)
+    assumptions = plot_first_order(out, directory / ASSUMPTIONS_FILE)
+    paths += [assumptions] if assumptions else []
     return paths
 
 

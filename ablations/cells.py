@@ -42,17 +42,33 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def setting_hash(config: dict[str, Any], players: list[str]) -> str:
     """The hash of what every cell of one experiment shares: the config without the players' toggles and
-    without the cell, its repeat, its draw (and the hardware figures the draw set) and the volatile keys."""
+    without the cell, its repeat, its draw (and every ranged figure a draw sets) and the volatile keys."""
     opts = {name: fields for name, fields in config.get("opts", {}).items() if name not in players}
     ablation = {k: v for k, v in config.get("ablation", {}).items() if k not in ("cell", "repeat", "draw", "drawn")}
     rest = {k: v for k, v in config.items() if k not in (*VOLATILE, "opts", "ablation")}
-    drawn = (rest.get("hardware") or {}).get("ranges") or {} if config.get("ablation", {}).get("draws") else {}
-    if drawn:           # the figures a draw sets (every ranged one): the draws of one experiment share the rest
-        hardware = {k: v for k, v in rest["hardware"].items() if k not in drawn}
-        hardware["efficiency"] = {k: v for k, v in (hardware.get("efficiency") or {}).items()
-                                  if f"efficiency.{k}" not in drawn}
-        rest = {**rest, "hardware": hardware}
-    return digest({**rest, "opts": opts, "ablation": ablation})
+    out = {**rest, "opts": opts, "ablation": ablation}
+    if config.get("ablation", {}).get("draws"):     # the figures a draw sets: an experiment's draws share the rest
+        paths = [f"hardware.{k}" for k in (rest.get("hardware") or {}).get("ranges") or {}]
+        paths += [k.rpartition(".")[0] if k.rpartition(".")[2].isdigit() else k     # a list entry: the whole list
+                  for k in ablation.get("ranges") or {}]
+        out = _without(out, paths)
+    return digest(out)
+
+
+def _without(config: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """`config` (nested dicts) without the entries at the dotted `paths` (those it does not have are ignored)."""
+    out = dict(config)
+    for path in paths:
+        node, *parts = out, *path.split(".")
+        head, last = parts[:-1], parts[-1]
+        for part in head:
+            if not isinstance(node.get(part), dict):
+                break
+            node[part] = dict(node[part])
+            node = node[part]
+        else:
+            node.pop(last, None)
+    return out
 
 
 @cache

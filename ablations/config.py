@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from ablations.backends.sim.cell import settings, unmodelled
 from ablations.backends.sim.config import SimBackendConfig
@@ -29,6 +29,7 @@ from ablations.paths import PathsConfig
 from ablations.workload.config import WorkloadConfig
 from ablations.workload.config import register_configs as register_workload
 from opts.base import ToggleConfig, check_known_fields
+from opts.draft_length.acceptance import profile_alphas
 from opts.registry import OPTIMIZATIONS, make_config, vector_dict
 from opts.vllm_setting import VllmSetting
 
@@ -209,7 +210,11 @@ def apply_draw_to(cfg: DictConfig) -> DictConfig:
     if ablation.draw < 0:
         return cfg
     hw = OmegaConf.to_object(cfg.hardware)
-    drawn = apply_draw(hw, latin_hypercube(hw.ranges, ablation.draws, ablation.draw_seed)[ablation.draw])
+    clash = sorted(set(hw.ranges) & set(ablation.ranges))
+    if clash:
+        raise ValueError(f"ablation.ranges.{clash[0]}: also a hardware range; one range per figure")
+    draw = latin_hypercube({**hw.ranges, **ablation.ranges}, ablation.draws, ablation.draw_seed)[ablation.draw]
+    drawn = apply_draw(hw, {k: v for k, v in draw.items() if k in hw.ranges})
     values = {}
     for key in sorted(hw.ranges):
         value = drawn.value(key)
@@ -218,8 +223,29 @@ def apply_draw_to(cfg: DictConfig) -> DictConfig:
             cfg.hardware.efficiency[key.removeprefix("efficiency.")] = value
         else:
             cfg.hardware[key] = value
+    for key in sorted(ablation.ranges):
+        _set_drawn(cfg, key, draw[key])
+        values[key] = draw[key]
     cfg.ablation.drawn = values
     return cfg
+
+
+def _set_drawn(cfg: DictConfig, key: str, value: float) -> None:
+    """Set the config figure at `key` (a list entry by its index; draft_length's empty `alphas`, its profile's
+    rates, filled first); a path the config does not have is a ValueError naming it."""
+    parent, _, last = key.rpartition(".")
+    if parent == "opts.draft_length.alphas" and not OmegaConf.select(cfg, parent):
+        dl = cfg.opts.draft_length
+        OmegaConf.update(cfg, parent, list(profile_alphas(dl.profile, dl.max_k)), merge=False)
+    node = OmegaConf.select(cfg, parent) if parent else None
+    if last.isdigit() and isinstance(node, ListConfig):
+        if int(last) >= len(node):
+            raise ValueError(f"ablation.ranges.{key}: {parent} has {len(node)} entries")
+        node[int(last)] = value
+        return
+    if not isinstance(node, DictConfig) or last not in node:
+        raise ValueError(f"ablation.ranges.{key}: no such figure in the config")
+    node[last] = round(value) if isinstance(node[last], int) and not isinstance(node[last], bool) else value
 
 
 def apply_cell(cfg: DictConfig) -> DictConfig:

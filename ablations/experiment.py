@@ -30,7 +30,9 @@ class AblationConfig:
     `cell`: the coalition this run is, "all_off" or toggles joined by "+" (the sweep sets it); empty in a
     single run. `metric`: what the attribution explains. `draws`, `draw`, `draw_seed`: the joint draws of the
     hardware's assumed figures (`ablations/draws.py`, conf/experiment/draws.yaml): this cell runs draw `draw` of
-    `draws` (-1: the point values); `drawn`, the figures the draw set (filled by `apply_cell`).
+    `draws` (-1: the point values); `drawn`, the figures the draw set (filled by `apply_cell`). `ranges`: the
+    assumed figures outside the hardware a draw sets too ({config path: [low, high]}, a list entry by its
+    index: `opts.draft_length.alphas.0`), each with its reason in `range_reasons`.
     """
 
     design: str = "single"
@@ -47,6 +49,8 @@ class AblationConfig:
     draw: int = -1
     draw_seed: int = 0
     drawn: dict[str, float] = field(default_factory=dict)
+    ranges: dict[str, list[float]] = field(default_factory=dict)
+    range_reasons: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.design not in DESIGNS:
@@ -62,6 +66,16 @@ class AblationConfig:
                 raise ValueError(f"ablation.{name}: invalid value {value!r}; valid: an integer >= 1")
         if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 0:
             raise ValueError(f"ablation.draws: invalid value {self.draws!r}; valid: an integer >= 0")
+        for key, bounds in self.ranges.items():
+            if not (isinstance(bounds, list | tuple) and len(bounds) == 2 and all(
+                    isinstance(b, int | float) and not isinstance(b, bool) for b in bounds) and bounds[0] <= bounds[1]):
+                raise ValueError(f"ablation.ranges.{key}: invalid value {bounds!r}; valid: [low, high], low <= high")
+            if not key.startswith(("backend.", "opts.", "workload.")):
+                raise ValueError(f"ablation.ranges.{key}: not a backend., opts. or workload. figure (the hardware's "
+                                 "ranges are hardware.ranges)")
+            if not self.range_reasons.get(key):
+                raise ValueError(f"ablation.ranges.{key}: no reason; valid: ablation.range_reasons.{key} says why "
+                                 "the figure is assumed and where the range comes from")
         if not -1 <= self.draw < self.draws:
             raise ValueError(f"ablation.draw: {self.draw} is not in -1..{self.draws - 1} (ablation.draws; -1 the "
                              "point values)")

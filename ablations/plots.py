@@ -81,6 +81,34 @@ def plot_attribution(out: dict[str, Any], bars_path: Path, heatmap_path: Path) -
     return written
 
 
+def plot_first_order(out: dict[str, Any], path: Path) -> Path | None:
+    """Write the heatmap of which assumption matters (each toggle's first-order index rho^2 per drawn figure,
+    `draws.first_order`); None without draws."""
+    indices = (out.get("draws") or {}).get("first_order")
+    if not indices:
+        return None
+    plt = _pyplot()
+    players = list(indices)
+    figures = sorted({k for by in indices.values() for k in by})
+    grid = [[indices[p].get(f, 0.0) for f in figures] for p in players]
+    fig, ax = plt.subplots(figsize=(0.55 * len(figures) + 3.5, 0.5 * len(players) + 2.5), dpi=120)
+    try:
+        image = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(figures)), figures, rotation=60, ha="right", fontsize=8)
+        ax.set_yticks(range(len(players)), players)
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="black" if value > 0.5 else "white")
+        fig.colorbar(image, ax=ax, label="first-order index rho^2")
+        ax.set_title(f"which assumption moves each Shapley value ({out['draws']['complete']} draws)")
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 

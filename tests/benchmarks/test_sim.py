@@ -10,6 +10,7 @@ import pytest
 
 from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
+from ablations.backends.sim.engine import simulate, trace_keys
 from ablations.config import compose_app
 from ablations.workload import load_workload
 
@@ -45,3 +46,28 @@ def test_agentx_eight_point_sweep(benchmark) -> None:
     benchmark.extra_info.update({"case": "agentx_8_points", "wall_s": time.perf_counter() - start,
                                  "tput_per_gpu_at_slo": cell["slo"]["tput_per_gpu"]})
     assert len(cell["points"]) == 8
+
+
+@pytest.mark.heavy
+def test_a_default_cell_point_in_stretches_against_step_by_step(benchmark) -> None:
+    """The default cell's (`make run`, all off) first point, concurrency 6, CPU seconds with the stretches and
+    step by step (the engine before them): the same records, the speed-up in `extra_info`."""
+    app = compose_app(["experiment=main"])
+    trace = load_workload(app.workload)
+    setup = sim_setup(app.backend, app.model.name, app.hardware, app.toggles(), trace)
+    keys = trace_keys(trace, setup.geometry.block_size)
+
+    def replay(stretches: bool):
+        start = time.process_time()
+        out = simulate(trace, setup.steps, setup.geometry, setup.num_blocks, setup.free_list(), resume=setup.resume,
+                       alphas=setup.alphas, scheduler=setup.scheduler, concurrency=app.backend.bracket_from,
+                       seed=app.backend.seed, keys=keys, stretches=stretches)
+        return out, time.process_time() - start
+
+    benchmark.group = "sim"
+    (fast, fast_stats), fast_s = benchmark.pedantic(lambda: replay(True), rounds=1, iterations=1)
+    (slow, slow_stats), slow_s = replay(False)
+    benchmark.extra_info.update({"case": f"main_all_off_c{app.backend.bracket_from}", "stretch_cpu_s": fast_s,
+                                 "step_by_step_cpu_s": slow_s, "speedup": slow_s / fast_s,
+                                 "steps": fast_stats.num_steps, "stretch_steps": fast_stats.num_stretch_steps})
+    assert fast == slow and fast_stats.num_steps == slow_stats.num_steps

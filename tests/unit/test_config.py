@@ -56,6 +56,11 @@ def gpu_node(name: str) -> dict:
     return out
 
 
+# The assumed figures outside the hardware that conf/experiment/draws.yaml ranges
+DRAWN_RANGES = {"ablation.ranges.backend.non_kv_gb": [2.0, 8.0],
+                **{f"ablation.ranges.opts.draft_length.alphas.{i}": [0.7, 0.9] for i in range(8)}}
+
+
 # What each option of each group changes in the default composition (`python -m ablations` with no overrides).
 CHANGES = {
     "experiment": {
@@ -66,7 +71,8 @@ CHANGES = {
         "one_at_a_time": {"ablation.design": "one_at_a_time"},
         "shapley_sampled": {"ablation.design": "shapley_sampled"},
         "repeat": {"ablation.repeats": 3},
-        "draws": {"ablation.draws": 16},
+        "draws": {"ablation.draws": 16, **DRAWN_RANGES,
+                  **{k.replace("ablation.ranges.", "ablation.range_reasons."): ANY for k in DRAWN_RANGES}},
         "main": {"ablation.design": "factorial", "ablation.metric": "tput_per_gpu_at_slo", "model.name": "kimi_k3",
                  **gpu_node("mi355x_x8"),
                  **SIM_BACKEND, "backend.workers": 1, "backend.bracket_from": 6},

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from ablations.attribution import factorial, one_at_a_time, permutation_cells, permutations
 from ablations.config import CONF_DIR, apply_cell, register_configs, to_app
 from ablations.experiment import label, parse_label
+from opts.draft_length.acceptance import profile_alphas
 from opts.registry import OPTIMIZATIONS
 
 TWO = ["aiter_mla", "fusion"]
@@ -248,18 +249,29 @@ def test_a_draw_sets_the_hardwares_ranged_figures_and_only_the_config_hash_recor
 
     point, first, second = _draw_config(-1), _draw_config(0), _draw_config(1)
     ranges = point["hardware"]["ranges"]
-    draws = latin_hypercube(ranges, 16, 0)
-    assert point["ablation"]["drawn"] == {} and set(first["ablation"]["drawn"]) == set(ranges)
+    draws = latin_hypercube({**ranges, **point["ablation"]["ranges"]}, 16, 0)
+    assert point["ablation"]["drawn"] == {} and set(first["ablation"]["drawn"]) == {*ranges, *point["ablation"][
+        "ranges"]}
     for key in ranges:
         value = first["hardware"]["efficiency"][key.split(".")[1]] if key.startswith("efficiency.") \
             else first["hardware"][key]
         assert value == first["ablation"]["drawn"][key] == pytest.approx(draws[0][key]), key
+    assert first["backend"]["non_kv_gb"] == first["ablation"]["drawn"]["backend.non_kv_gb"] != point["backend"][
+        "non_kv_gb"]
+    drawn = first["ablation"]["drawn"]
+    assert first["opts"]["draft_length"]["alphas"] == [drawn[f"opts.draft_length.alphas.{i}"] for i in range(8)]
+    assert point["opts"]["draft_length"]["alphas"] == []
     assert len({config_hash(c) for c in (point, first, second)}) == 3
     players = list(OPTIMIZATIONS)
     assert len({setting_hash(c, players) for c in (point, first, second)}) == 1
     # a non-drawn hardware figure is still the experiment's: another setting
     other = _draw_config(0, "hardware.bandwidth_tb_s=7.0")
     assert setting_hash(other, players) != setting_hash(first, players)
+    assert setting_hash(_draw_config(0, "backend.max_num_seqs=64"), players) != setting_hash(first, players)
+    with pytest.raises(ValueError, match=r"ablation\.ranges\.backend\.nope: no such figure in the config"):
+        _draw_config(0, "+ablation.ranges={backend.nope:[1.0,2.0]}", "+ablation.range_reasons={backend.nope:x}")
+    with pytest.raises(ValueError, match=r"ablation\.ranges\.backend\.max_num_seqs: no reason"):
+        to_app(composed(["experiment=[main,draws]", "+ablation.ranges={backend.max_num_seqs:[1.0,2.0]}"], hydra=False))
     with pytest.raises(ValueError, match=r"ablation\.draw: 16 is not in -1\.\.15"):
         to_app(apply_cell(composed(["experiment=[main,draws]", "ablation.cell=all_off", "ablation.draw=16"],
                                    hydra=False)))
@@ -284,15 +296,24 @@ def test_the_draws_give_each_toggle_an_interval_and_collapsed_ranges_reproduce_t
     assert interval["point"] == out["shapley"]["fusion"] and len(interval["values"]) == 3
     assert interval["low"] <= interval["high"] and len(set(interval["values"])) == 3, "the draws move the value"
     assert "over 3 joint draws of the assumed figures" in done.stdout + done.stderr
+    figures = set(compose_app_hw().ranges) | set(point_values())
+    assert set(draws["figures"]) == {"0", "1", "2"} and set(draws["figures"]["0"]) == figures
+    assert set(draws["first_order"]["fusion"]) == figures
+    alphas = {json.dumps(json.loads((tmp_path / "drawn" / f"fusion.r0.d{d}" / "result.json").read_text())[
+        "config"]["opts"]["draft_length"]["alphas"]) for d in range(3)}
+    assert len(alphas) == 3, "each draw sets its own acceptance rates"
+    assert "which assumption matters" in done.stdout + done.stderr
+    assert (tmp_path / "drawn" / "assumptions.png").stat().st_size > 0
     # every range collapsed to its point value: each draw is the plain run, byte for byte
     hw = compose_app_hw()
     collapsed = "hardware.ranges={" + ",".join(f"{k}:[{hw.value(k)!r},{hw.value(k)!r}]" for k in hw.ranges) + "}"
-    done = procs.run(draws_args(tmp_path / "collapsed", collapsed), timeout_s=600, cwd=tmp_path)
+    others = "ablation.ranges={" + ",".join(f"{k}:[{v!r},{v!r}]" for k, v in point_values().items()) + "}"
+    done = procs.run(draws_args(tmp_path / "collapsed", collapsed, others), timeout_s=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "collapsed" / "attribution.json").read_text())
     kept = json.loads((tmp_path / "collapsed" / "fusion.r0.d0" / "result.json").read_text())
     assert all(low == high for low, high in kept["config"]["hardware"]["ranges"].values())
-    assert kept["config"]["ablation"]["drawn"] == {k: hw.value(k) for k in hw.ranges}
+    assert kept["config"]["ablation"]["drawn"] == {**{k: hw.value(k) for k in hw.ranges}, **point_values()}
     assert all(v == out["shapley"] for v in out["draws"]["values"].values())
     for cell in ("all_off", "fusion"):
         point = json.loads((tmp_path / "collapsed" / f"{cell}.r0.d-1" / "result.json").read_text())
@@ -300,6 +321,18 @@ def test_the_draws_give_each_toggle_an_interval_and_collapsed_ranges_reproduce_t
             drawn = json.loads((tmp_path / "collapsed" / f"{cell}.r0.d{d}" / "result.json").read_text())
             assert json.dumps(drawn["metrics"]) == json.dumps(point["metrics"])
             assert drawn["points"] == point["points"]
+
+
+def point_values() -> dict[str, float]:
+    """The point value of every figure conf/experiment/draws.yaml ranges outside the hardware."""
+    cfg = composed(["experiment=[main,draws]"], hydra=False)
+    alphas = profile_alphas(cfg.opts.draft_length.profile, cfg.opts.draft_length.max_k)
+    out = {}
+    for key in cfg.ablation.ranges:
+        parent, _, last = key.rpartition(".")
+        out[key] = alphas[int(last)] if parent == "opts.draft_length.alphas" else OmegaConf.select(cfg, key)
+    assert len(out) == 9
+    return out
 
 
 def compose_app_hw():

@@ -10,7 +10,7 @@ import pytest
 
 from ablations.backends.sim.cell import run_sim_cell
 from ablations.config import compose_app
-from ablations.draws import apply_draw, latin_hypercube, quantile, summarize, table
+from ablations.draws import apply_draw, first_order, indices_table, latin_hypercube, quantile, summarize, table
 from ablations.workload import load_workload
 
 
@@ -84,3 +84,23 @@ def test_the_quantile_is_linear_between_order_statistics():
     assert quantile([3.0], 0.95) == 3.0
     with pytest.raises(ValueError):
         quantile([], 0.5)
+
+
+def test_the_first_order_index_names_the_figure_that_moves_each_toggle():
+    ranges = {"a_us": [1.0, 2.0], "b_eff": [0.3, 0.6], "c_us": [10.0, 30.0]}
+    figures = latin_hypercube(ranges, 32, seed=3)
+    # x moves with b alone; y with a mostly and c a little; z does not move
+    values = [{"x": 100 * f["b_eff"], "y": 50 * f["a_us"] + 0.5 * f["c_us"], "z": 7.0} for f in figures]
+    out = first_order(values, figures)
+    assert list(out["x"]) == ["b_eff", "a_us", "c_us"] and out["x"]["b_eff"] == pytest.approx(1.0)
+    assert out["x"]["a_us"] < 0.2 and out["x"]["c_us"] < 0.2
+    assert next(iter(out["y"])) == "a_us" and out["y"]["a_us"] > 0.8 > out["y"]["c_us"] > 0.0
+    assert set(out["z"].values()) == {0.0}
+    assert "x" in indices_table(out, 32) and "b_eff 1.00" in indices_table(out, 32)
+    # an unresolved toggle names the figure that moves it most
+    point = {"x": 45.0, "w": 0.0}
+    draws = [{"x": v["x"], "w": f["c_us"] - 20.0} for v, f in zip(values, figures, strict=True)]
+    text = table(summarize(point, draws), 32, first_order(draws, figures))
+    assert "not resolved by the model (most moved by c_us: rho^2 1.00)" in text
+    with pytest.raises(ValueError, match="3 draws of values, 2 of figures"):
+        first_order(values[:3], figures[:2])
