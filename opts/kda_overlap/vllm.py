@@ -7,7 +7,12 @@ the backend's CPU fix S4, which runs this package's off code (`vllm_kernels`, ov
 on (CPU): four patches on top of whatever the targets hold (the CPU fix): `_forward` marks a step that mixes
 prefill and verification rows, `fused_recurrent_kda` defers its call there, `chunk_kda_with_fused_gate` runs
 the packed pass instead (`vllm_overlap.packed_step`, counted as `kda_overlap_packed_step`). Not wired on ROCm
-and CUDA, nor `streams` anywhere: see `NOT_WIRED`.
+and CUDA: see `NOT_WIRED`.
+
+streams (ROCm, CUDA): the same marking and deferral; `chunk_kda_with_fused_gate` then runs the deferred
+verification with vLLM's own `fused_recurrent_kda` on a side stream beside its own prefill kernel, joined
+before the output is read (`vllm_overlap.streamed_step`, counted as `kda_overlap_streamed_step`). Not
+executed on a GPU here; the split and join run in order on the CPU's streams in the tests.
 """
 
 from __future__ import annotations
@@ -25,18 +30,16 @@ VERIFY_TARGET = f"{KDA_OPS}:fused_recurrent_kda"
 PREFILL_TARGET = f"{KDA_OPS}:chunk_kda_with_fused_gate"
 PACKED_TARGET = f"{vllm_overlap.__name__}:packed_step"
 PACKED_COUNTER = "kda_overlap_packed_step"
+STREAMED_TARGET = f"{vllm_overlap.__name__}:streamed_step"
+STREAMED_COUNTER = "kda_overlap_streamed_step"
 
 GPU_ON = ("the packed pass exists only as PyTorch (opts/kda_overlap/packed.py); vLLM's GPU path runs its Triton "
           "(or FlashKDA / FlashInfer) kernels, and replacing them with PyTorch would measure the language, not "
           "the packing: a packed Triton kernel is not written")
-STREAMS = ("vLLM's _forward runs both parts on the current stream; a _forward that runs the verification rows "
-           "on a side stream is not written")
 NOT_WIRED = {
     ("streams", "cpu"): "streams needs CUDA/ROCm streams; a CPU has none",
     ("on", "rocm"): GPU_ON,
     ("on", "cuda"): GPU_ON,
-    ("streams", "rocm"): STREAMS,
-    ("streams", "cuda"): STREAMS,
 }
 
 
@@ -57,6 +60,20 @@ def on_patches(chunk_size: int) -> tuple[Patch, ...]:
     )
 
 
+def streams_patches(chunk_size: int) -> tuple[Patch, ...]:
+    """The patches of kda_overlap=streams (ROCm, CUDA): the verification rows of a mixed step on a side stream,
+    beside the prefill rows, with vLLM's own kernels (`chunk_size` only marks the step's call)."""
+    why = "kda_overlap=streams: the verification rows of a mixed step on a side stream beside the prefill rows"
+    return (
+        Patch(FORWARD_TARGET, lambda base: vllm_overlap.overlap_forward(base, chunk_size),
+              f"{why} (marks the mixed steps)"),
+        Patch(VERIFY_TARGET, vllm_overlap.defer_verify, f"{why} (defers the verification call)"),
+        Patch(PREFILL_TARGET, vllm_overlap.streamed_prefill, f"{why} (runs both, split and joined)"),
+        Patch(STREAMED_TARGET, lambda streamed_step: streamed_step, f"{why} (counts the two-stream steps)",
+              STREAMED_COUNTER),
+    )
+
+
 def vllm_setting(config: ToggleConfig, platform: str) -> VllmSetting:
     """What `config` changes in vLLM on `platform`."""
     check_platform(platform)
@@ -66,5 +83,7 @@ def vllm_setting(config: ToggleConfig, platform: str) -> VllmSetting:
         return VllmSetting()
     if (config.mode, platform) in NOT_WIRED:
         raise not_wired(NAME, config.mode, platform, NOT_WIRED[config.mode, platform], valid_modes(platform))
+    if config.mode == "streams":
+        return VllmSetting(patches=streams_patches(config.chunk_size))
     return VllmSetting(patches=on_patches(config.chunk_size))
 

@@ -11,6 +11,13 @@ states and calls the prefill kernel; the verification output is read after both 
 (`vllm_kernels.mixed_on`), which fills the verification output, writes every verification position's
 state into its slot and returns the prefill output and final states as the prefill kernel would. Any other
 step runs the wrapped functions unchanged. vLLM is imported only inside the functions.
+
+kda_overlap=streams marks and defers the same way; `streamed_prefill` then runs `streamed_step`: the deferred
+verification call, with vLLM's own `fused_recurrent_kda`, on a side stream that first waits for the current
+one (its inputs are ready), the prefill call with vLLM's own kernel on the current stream meanwhile, and the
+current stream waits for the side one before anything reads the verification output (the join). The same
+kernels in the same order as off: only the stream calls (`torch.get_device_module`'s `Stream`,
+`wait_stream`, `stream`) differ, and on a CPU they run in order, so the split and join are tested there.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ class MixedCall:
     verify: dict[str, Any] | None = None
     out: torch.Tensor | None = field(default=None, repr=False)
     done: bool = False
+    verify_kernel: Callable[..., Any] | None = field(default=None, repr=False)    # what defer_verify wraps
+    fuse_gate: Any = None
 
 
 def current_call() -> MixedCall | None:
@@ -68,7 +77,7 @@ def overlap_forward(base: Callable[..., Any], chunk_size: int) -> Callable[..., 
         finally:
             _local.call = None
         if call.verify is not None and not call.done:
-            raise RuntimeError(f"kda_overlap=on: layer {self.prefix!r} deferred its verification rows but never "
+            raise RuntimeError(f"kda_overlap: layer {self.prefix!r} deferred its verification rows but never "
                                "called chunk_kda_with_fused_gate in this step; the verification output is unfilled")
         return result
 
@@ -89,6 +98,7 @@ def defer_verify(base: Callable[..., Any]) -> Callable[..., Any]:
             return base(**args, out=out, fuse_gate=fuse_gate)
         call.verify = args
         call.out = torch.empty_like(v) if out is None else out
+        call.verify_kernel, call.fuse_gate = base, fuse_gate
         return call.out, initial_state
 
     fused_recurrent_kda.__wrapped__ = base  # type: ignore[attr-defined]
@@ -131,3 +141,59 @@ def packed_step(call: MixedCall, *, q, k, v, raw_g, raw_beta, A_log, g_bias, sca
     o_prefill, finals, o_verify, states = mixed_on(prefill, verify, call.chunk_size)
     verify.finish(o_verify, states, call.out, call.verify["initial_state"])
     return finish_prefill(o_prefill, finals, v, out, output_final_state)
+
+
+def streamed_prefill(base: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap `chunk_kda_with_fused_gate` (kda_overlap=streams): after a deferred verification call, run
+    `streamed_step`, the verification on a side stream beside this prefill call."""
+
+    def chunk_kda_with_fused_gate(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=None, initial_state=None,
+                                  output_final_state=False, lower_bound=None, use_qk_l2norm_in_kernel=False,
+                                  cu_seqlens=None, out=None, **kwargs):
+        args = dict(q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, scale=scale,
+                    initial_state=initial_state, output_final_state=output_final_state, lower_bound=lower_bound,
+                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, out=out, **kwargs)
+        call = current_call()
+        if call is None or call.verify is None or call.done:
+            return base(**args)
+        # looked up in this module at call time: the toggle's patch replaces it with a counted version
+        result = streamed_step(call, base, args)
+        call.done = True
+        return result
+
+    chunk_kda_with_fused_gate.__wrapped__ = base  # type: ignore[attr-defined]
+    return chunk_kda_with_fused_gate
+
+
+_side_streams: dict[torch.device, Any] = {}
+
+
+def side_stream(device: torch.device) -> Any:
+    """The side stream of `device` (one per device, made once)."""
+    stream = _side_streams.get(device)
+    if stream is None:
+        streams = torch.get_device_module(device)
+        # torch.cpu.Stream takes no device (its first argument is a priority); CUDA's and HIP's take it
+        stream = _side_streams[device] = streams.Stream() if device.type == "cpu" else streams.Stream(device)
+    return stream
+
+
+def streamed_step(call: MixedCall, prefill_kernel: Callable[..., Any], args: dict[str, Any]) -> Any:
+    """One mixed step on two streams: the deferred verification (`call`, vLLM's own kernel) on the side stream,
+    the prefill (`prefill_kernel(**args)`) on the current one, joined before return. Fills the verification
+    output `call.out` (and its state slots, as the kernel does); returns what the prefill kernel returns.
+    Every tensor the side stream reads or writes is held by `call` or the caller until the join, so the caching
+    allocator reuses none of them early."""
+    if call.verify is None or call.out is None or call.verify_kernel is None:
+        raise ValueError("streamed_step: the mixed step holds no deferred verification call")
+    device = call.out.device
+    streams = torch.get_device_module(device)
+    main, side = streams.current_stream(device), side_stream(device)
+    side.wait_stream(main)                      # the split: the verification's inputs are written
+    with streams.stream(side):
+        o, _ = call.verify_kernel(**call.verify, out=call.out, fuse_gate=call.fuse_gate)
+        if o.data_ptr() != call.out.data_ptr():      # a kernel that ignores `out`
+            call.out.copy_(o)
+    result = prefill_kernel(**args)
+    main.wait_stream(side)                      # the join: the verification output and states are in place
+    return result

@@ -51,12 +51,21 @@ def test_on_on_cpu_is_four_patches_and_only_the_packed_pass_is_counted():
 
 
 @pytest.mark.parametrize(("mode", "platform", "valid"), [
-    ("streams", "cpu", "off, on"), ("on", "rocm", "off"), ("on", "cuda", "off"),
-    ("streams", "rocm", "off"), ("streams", "cuda", "off"),
+    ("streams", "cpu", "off, on"), ("on", "rocm", "off, streams"), ("on", "cuda", "off, streams"),
 ])
 def test_cells_vllm_cannot_run_name_the_valid_modes(mode, platform, valid):
     with pytest.raises(ValueError, match=rf"kda_overlap={mode} on {platform}: .*; valid there: {valid}$"):
         setting.vllm_setting(KdaOverlapConfig(mode=mode), platform)
+
+
+@pytest.mark.parametrize("platform", ["rocm", "cuda"])
+def test_streams_on_a_gpu_is_four_patches_and_only_the_two_stream_step_is_counted(platform):
+    result = setting.vllm_setting(KdaOverlapConfig(mode="streams"), platform)
+    assert not result.engine_args and not result.env and not result.additional_config
+    assert tuple(p.target for p in result.patches) == (*TARGETS[:3], setting.STREAMED_TARGET)
+    assert [p.counter for p in result.patches] == [None, None, None, "kda_overlap_streamed_step"]
+    assert result.patches[2].wrap(OFF.chunk_kda_with_fused_gate).__wrapped__ is OFF.chunk_kda_with_fused_gate
+    assert result.patches[3].wrap(vllm_overlap.streamed_step) is vllm_overlap.streamed_step
 
 
 def test_a_bad_platform_or_config_is_refused():
@@ -89,11 +98,12 @@ def test_every_target_exists_in_vllm_and_the_wrappers_take_its_arguments(vllm):
 
     from ablations.backends.vllm.patches import resolve
 
-    for target in TARGETS:
+    for target in (*TARGETS, setting.STREAMED_TARGET):
         owner, attr = resolve(target)
         assert callable(getattr(owner, attr))
     for stock, ours in ((fused_recurrent.fused_recurrent_kda, vllm_overlap.defer_verify(None)),
                         (chunk.chunk_kda_with_fused_gate, vllm_overlap.packed_prefill(None)),
+                        (chunk.chunk_kda_with_fused_gate, vllm_overlap.streamed_prefill(None)),
                         (fused_recurrent.fused_recurrent_kda, vllm_kernels.fused_recurrent_kda),
                         (chunk.chunk_kda_with_fused_gate, vllm_kernels.chunk_kda_with_fused_gate)):
         names = list(inspect.signature(ours, follow_wrapped=False).parameters)
@@ -190,6 +200,42 @@ def test_outside_a_marked_step_the_kernels_pass_through(packed_calls):
     assert packed_calls == []
 
 
+def on_stream(kernel, seen, name):
+    """`kernel`, noting the stream it runs on."""
+    def wrapped(**kwargs):
+        seen.append((name, torch.cpu.current_stream()))
+        return kernel(**kwargs)
+    return wrapped
+
+
+def test_streams_run_the_verification_on_a_side_stream_and_equal_off_exactly(vllm, monkeypatch):
+    """The split and join on the CPU's streams (they run in order): the verification kernel on the side stream,
+    the prefill kernel on the current one, the same kernels as off, so every output and state bit-exact; one
+    two-stream step per mixed step, none otherwise."""
+    calls, seen = [], []
+    real = vllm_overlap.streamed_step
+    monkeypatch.setattr(vllm_overlap, "streamed_step", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    verify = on_stream(OFF.fused_recurrent_kda, seen, "verify")
+    prefill = on_stream(OFF.chunk_kda_with_fused_gate, seen, "prefill")
+    ops = SimpleNamespace(fused_recurrent_kda=vllm_overlap.defer_verify(verify),
+                          chunk_kda_with_fused_gate=vllm_overlap.streamed_prefill(prefill))
+    forward = vllm_overlap.overlap_forward(lambda self, c: serial_forward(c, ops), 64)
+    off, on = mixed_case(seed=12), mixed_case(seed=12)
+    with mixed_context(3, 4):
+        want = serial_forward(off, OFF)
+        got = forward(layer(), on)
+    assert calls == [1]
+    main, side = torch.cpu.current_stream(), vllm_overlap.side_stream(torch.device("cpu"))
+    assert [name for name, _ in seen] == ["verify", "prefill"]
+    assert seen[0][1] is side is not main and seen[1][1] is main
+    for a, b in zip((*got, on.cache), (*want, off.cache), strict=True):
+        assert not torch.isnan(a).any() and torch.equal(a, b)
+    seen.clear()
+    with mixed_context(3, 0):      # not a mixed step: both kernels as off, on the current stream
+        forward(layer(), mixed_case(seed=12))
+    assert calls == [1] and [(name, s is main) for name, s in seen] == [("verify", True), ("prefill", True)]
+
+
 def test_a_deferred_call_the_step_never_consumes_is_an_error(vllm):
     case = mixed_case(seed=10)
     verify_only = vllm_overlap.defer_verify(OFF.fused_recurrent_kda)
@@ -214,7 +260,7 @@ def test_installed_through_the_patch_layer_the_kernels_of_a_mixed_step_are_repla
     monkeypatch.setattr(patches, "_order", [])
     monkeypatch.setattr(counters, "_counts", counters.Counter())
     monkeypatch.delenv(counters.COUNTER_DIR_ENV, raising=False)
-    for target in TARGETS:
+    for target in (*TARGETS, setting.STREAMED_TARGET):
         owner, attr = resolve(target)
         monkeypatch.setattr(owner, attr, owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr))
     monkeypatch.setattr(KimiK3DeltaAttention, "_forward", lambda self, case: serial_forward(case, ops))
