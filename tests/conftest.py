@@ -1,7 +1,8 @@
 """Suite-wide pytest settings: fixed random state; the tiers, limits and process guard (tests/run_guard.py).
 
 Tiers: `make check` runs `-m "not e2e and not spawns and not slow"` (no vLLM engine, no server, no second
-process, nothing slow); `make test` runs everything.
+process but one: kda_overlap's Triton kernel checks, ~10 s in Triton's interpreter, which must start with the
+process; nothing slow); `make test` runs everything.
 """
 
 import json

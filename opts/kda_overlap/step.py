@@ -12,7 +12,12 @@ from opts.kda_overlap.packed import PackPlan, chunk_kda_packed
 
 def step_on(batch: MixedStep, *, chunk_size: int = CHUNK_SIZE, out: StepOutput | None = None) -> StepOutput:
     """One packed chunked pass over prefill segments and verification rows together, keeping every
-    verification position's state. Verification rows need K+1 <= chunk_size."""
+    verification position's state. On a CUDA / ROCm device, the Triton kernel (`triton_packed.py`, its own
+    chunk of 16); elsewhere PyTorch (`packed.py`), where verification rows need K+1 <= chunk_size."""
+    if batch.q.device.type == "cuda":       # HIP devices are torch's "cuda" too
+        from opts.kda_overlap.triton_packed import packed_step
+
+        return packed_step(batch, out)
     out = prepare(batch, out)
     keep = (False,) * batch.num_prefill + (True,) * batch.num_verify
     try:

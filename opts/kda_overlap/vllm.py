@@ -4,10 +4,11 @@ off is stock vLLM on every platform: `KimiK3DeltaAttention._forward` runs the ve
 (`fused_recurrent_kda`), then the prefill rows (`chunk_kda_with_fused_gate`). On vLLM-CPU those two kernels are
 the backend's CPU fix S4, which runs this package's off code (`vllm_kernels`, over `naive.step_off`).
 
-on (CPU): four patches on top of whatever the targets hold (the CPU fix): `_forward` marks a step that mixes
-prefill and verification rows, `fused_recurrent_kda` defers its call there, `chunk_kda_with_fused_gate` runs
-the packed pass instead (`vllm_overlap.packed_step`, counted as `kda_overlap_packed_step`). Not wired on ROCm
-and CUDA: see `NOT_WIRED`.
+on (every platform): four patches on top of whatever the targets hold (on the CPU, the CPU fix): `_forward`
+marks a step that mixes prefill and verification rows, `fused_recurrent_kda` defers its call there,
+`chunk_kda_with_fused_gate` runs the packed pass instead (`vllm_overlap.packed_step`, counted as
+`kda_overlap_packed_step`): `packed.py` in PyTorch on the CPU, the Triton kernel `triton_packed.py` on ROCm and
+CUDA (`step.step_on` picks by the tensors' device). Not executed on a GPU here.
 
 streams (ROCm, CUDA): the same marking and deferral; `chunk_kda_with_fused_gate` then runs the deferred
 verification with vLLM's own `fused_recurrent_kda` on a side stream beside its own prefill kernel, joined
@@ -33,13 +34,8 @@ PACKED_COUNTER = "kda_overlap_packed_step"
 STREAMED_TARGET = f"{vllm_overlap.__name__}:streamed_step"
 STREAMED_COUNTER = "kda_overlap_streamed_step"
 
-GPU_ON = ("the packed pass exists only as PyTorch (opts/kda_overlap/packed.py); vLLM's GPU path runs its Triton "
-          "(or FlashKDA / FlashInfer) kernels, and replacing them with PyTorch would measure the language, not "
-          "the packing: a packed Triton kernel is not written")
 NOT_WIRED = {
     ("streams", "cpu"): "streams needs CUDA/ROCm streams; a CPU has none",
-    ("on", "rocm"): GPU_ON,
-    ("on", "cuda"): GPU_ON,
 }
 
 
@@ -49,7 +45,8 @@ def valid_modes(platform: str) -> tuple[str, ...]:
 
 
 def on_patches(chunk_size: int) -> tuple[Patch, ...]:
-    """The patches of kda_overlap=on (CPU), `chunk_size` tokens per chunk of the packed pass."""
+    """The patches of kda_overlap=on, `chunk_size` tokens per chunk of the packed pass (PyTorch's, on the CPU;
+    the Triton kernel's chunk is its own `triton_packed.BT`)."""
     why = "kda_overlap=on: prefill and verification rows of a mixed step in one packed chunked pass"
     return (
         Patch(FORWARD_TARGET, lambda base: vllm_overlap.overlap_forward(base, chunk_size),
