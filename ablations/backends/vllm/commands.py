@@ -31,7 +31,6 @@ from ablations.backends.vllm.serve_cell import COMPLETIONS_PATH, DEV_MODE_ENV, R
 from ablations.hardware import HardwareConfig
 from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace
-from opts.registry import parse_vector, vllm_settings
 
 PORT = 8000
 COMMANDS_FILE = "commands.sh"
@@ -39,28 +38,12 @@ WARMUP_FILE = "warmup_{index}.json"      # a warm-up request's body, as a servin
 VLLM_CLI = ["python", "-m", "vllm.entrypoints.cli.main"]
 
 
-def unwired_off(toggles: dict[str, Any], platform: str) -> dict[str, str]:
-    """Toggles at `off` whose package sets nothing on `platform` (why, by name): a cell there leaves them to stock
-    vLLM. A toggle set to anything else that the platform does not wire stays an error."""
-    unwired = {}
-    for name, values in toggles.items():
-        if values.get("mode") != "off":
-            continue
-        try:
-            vllm_settings(parse_vector({name: values}), platform)
-        except ValueError as err:
-            unwired[name] = str(err)
-    return unwired
-
-
 def node_config(backend: VllmBackendConfig, model: ModelConfig, hardware: HardwareConfig,
                 toggles: dict[str, Any]) -> EngineConfig:
-    """The cell's EngineConfig on `hardware`: its platform's toggle settings (toggles at off that it does not wire
-    left to stock vLLM), tensor parallel over its devices."""
+    """The cell's EngineConfig on `hardware`: its platform's toggle settings (every toggle's off is wired on every
+    platform; a mode a platform does not wire is a ValueError naming why), tensor parallel over its devices."""
     settings = dataclasses.replace(backend, platform=hardware.platform, tensor_parallel_size=hardware.num_devices)
-    stock = unwired_off(toggles, hardware.platform)
-    wired = {k: v for k, v in toggles.items() if k not in stock}
-    return dataclasses.replace(engine_config(settings, model, wired), skip_tokenizer_init=False)
+    return dataclasses.replace(engine_config(settings, model, toggles), skip_tokenizer_init=False)
 
 
 def server_command(cfg: EngineConfig) -> list[str]:
@@ -107,7 +90,7 @@ def gpu_commands(backend: VllmBackendConfig, model: ModelConfig, hardware: Hardw
                                        len(cut.requests), c, out_dir, result_name(c))],
         })
     return {"hardware": hardware.name, "platform": hardware.platform, "num_devices": hardware.num_devices,
-            "toggles": cfg.toggles, "stock": unwired_off(toggles, hardware.platform),
+            "toggles": cfg.toggles,
             "server_env": server_env(cfg), "server": server_command(cfg), "warmup": warmup, "points": points}
 
 
@@ -117,8 +100,6 @@ def script(commands: dict[str, Any], client: str) -> str:
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(commands["server_env"].items()))
     lines = [f"# {commands['hardware']}: {commands['num_devices']} devices, platform {commands['platform']}",
              "# python: the interpreter of the environment k3-ablate is installed in (vLLM loads its plugin there)"]
-    lines += [f"# {name} left to stock vLLM here (off is not a setting on {commands['platform']})"
-              for name in commands["stock"]]
     lines += [f"{env} {shlex.join(commands['server'])} &",
               f"until curl -sf http://127.0.0.1:{PORT}/health > /dev/null; do sleep 5; done"]
     lines += [shlex.join(command) for command in commands["warmup"]]

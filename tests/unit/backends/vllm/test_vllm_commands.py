@@ -1,6 +1,6 @@
 """A cell's commands for a GPU node (`backend.print_commands=true`): the server command of every toggle mode each
 node's platform wires parses with vLLM 0.32's own server parser into the engine arguments, the clients' with their
-own parsers; toggles at off that a platform does not wire are left to stock vLLM and named; nothing starts."""
+own parsers; every toggle's off is a setting on every platform; nothing starts."""
 
 from __future__ import annotations
 
@@ -72,12 +72,12 @@ def test_every_wired_toggle_mode_prints_a_server_command_vllm_parses(parsers, ha
     assert checked >= len(OPTIMIZATIONS), refused
 
 
-def test_a_toggle_at_off_that_rocm_does_not_wire_is_left_to_stock_and_on_is_refused(tmp_path, parsers):
+def test_every_off_is_a_setting_on_rocm_and_a_mode_it_does_not_wire_is_refused(tmp_path, parsers):
     hw, model = node("mi355x_x8"), ModelConfig(name="kimi_k3", checkpoint=CHECKPOINT)
     trace = Trace(tuple(Request(0, 40, 4, (1, 2, 3), "a", t, 10.0 * t) for t in range(3)), 16, "t")
     toggles = {"fusion": {"mode": "off"}, "aiter_mla": {"mode": "on"}}
     commands = gpu_commands(VllmBackendConfig(concurrencies=[1, 2]), model, hw, toggles, trace, tmp_path)
-    assert "fusion" in commands["stock"] and "fusion" not in commands["toggles"]
+    assert commands["toggles"]["fusion"]["mode"] == "off" and "stock" not in commands
     assert commands["toggles"]["aiter_mla"]["mode"] == "on" and commands["server_env"]["VLLM_ROCM_USE_AITER"] == "1"
     bench_parser = parsers[2]
     for point in commands["points"]:
@@ -88,8 +88,8 @@ def test_a_toggle_at_off_that_rocm_does_not_wire_is_left_to_stock_and_on_is_refu
         assert aiperf[aiperf.index("--num-sessions") + 1] == "1"
         assert aiperf[aiperf.index("--tokenizer") + 1] == CHECKPOINT
     assert (tmp_path / "aiperf_trace.jsonl").is_file() and (tmp_path / "serve_trace.jsonl").is_file()
-    with pytest.raises(ValueError, match=r"fusion=on on rocm"):
-        node_config(VllmBackendConfig(), model, hw, {"fusion": {"mode": "on"}})
+    with pytest.raises(ValueError, match=r"kda_overlap=on on rocm: vLLM's ROCm K3 model"):
+        node_config(VllmBackendConfig(), model, hw, {"kda_overlap": {"mode": "on"}})
 
 
 def test_print_commands_writes_the_script_and_starts_nothing(tmp_path):

@@ -90,15 +90,66 @@ def test_cuda_switches_the_kda_decode_with_vllms_own_backend_option():
     assert not result.patches and not result.engine_args and not result.env
 
 
-@pytest.mark.parametrize(("config", "platform", "why", "valid"), [
-    (FusionConfig(mode="off"), "cuda", "no unfused q/kv RMSNorm", "on"),
-    (FusionConfig(mode="on", mechanisms=("kda_decode",)), "cuda", "no unfused q/kv RMSNorm", "on"),
-    (FusionConfig(mode="off"), "rocm", "AITER and MTP|AITER on", "none"),
-    (FusionConfig(mode="on"), "rocm", "only without MTP", "none"),
-])
-def test_cells_vllm_cannot_run_say_why_and_name_the_valid_modes(config, platform, why, valid):
-    with pytest.raises(ValueError, match=rf"fusion={config.mode} on {platform}: .*({why}).*; valid there: {valid}$"):
-        setting.vllm_setting(config, platform)
+# (mode, mechanisms) -> ({target: counter}, additional_config) off CUDA's stock: the norm's counterfactual patch
+CUDA_CELLS = {
+    ("off", setting.MECHANISMS): ({NORM: setting.MLA_UNFUSED_COUNTER}, {"kda_decode_backend": "triton"}),
+    ("on", ("kda_decode",)): ({NORM: setting.MLA_UNFUSED_COUNTER}, {}),
+}
+
+
+@pytest.mark.parametrize(("mode", "mechanisms"), CUDA_CELLS)
+def test_cuda_off_unfuses_the_norms_as_a_counterfactual(mode, mechanisms):
+    result = setting.vllm_setting(FusionConfig(mode=mode, mechanisms=mechanisms), "cuda")
+    patches, extra = CUDA_CELLS[mode, mechanisms]
+    assert {p.target: p.counter for p in result.patches} == patches and result.additional_config == extra
+    (norm,) = result.patches
+    assert norm.wrap(object()) is naive.q_kv_rms_norm
+    assert "counterfactual" in norm.why and "nvidia/mla.py:521" in norm.why
+
+
+ROCM_NORM, ROCM_SUPPORTED, ROCM_FUSED = (setting.ROCM_MLA_NORM_TARGET, setting.ROCM_KDA_SUPPORTED_TARGET,
+                                         setting.ROCM_KDA_FUSED_TARGET)
+ROCM_CELLS = {
+    ("off", setting.MECHANISMS): {ROCM_NORM: setting.MLA_UNFUSED_COUNTER, ROCM_SUPPORTED: None},
+    ("on", setting.MECHANISMS): {ROCM_NORM: setting.MLA_COUNTER, ROCM_FUSED: setting.KDA_COUNTER},
+    ("on", ("mla_norm",)): {ROCM_NORM: setting.MLA_COUNTER, ROCM_SUPPORTED: None},
+    ("on", ("kda_decode",)): {ROCM_NORM: setting.MLA_UNFUSED_COUNTER, ROCM_FUSED: setting.KDA_COUNTER},
+}
+
+
+@pytest.mark.parametrize(("mode", "mechanisms"), ROCM_CELLS, ids=[f"{m}-{'+'.join(k)}" for m, k in ROCM_CELLS])
+def test_every_rocm_cell_patches_each_mechanism_whatever_aiter_and_mtp(mode, mechanisms):
+    config = FusionConfig(mode=mode, mechanisms=mechanisms)
+    result = setting.vllm_setting(config, "rocm")
+    assert not result.engine_args and not result.env and not result.additional_config
+    assert {p.target: p.counter for p in result.patches} == ROCM_CELLS[mode, mechanisms]
+    for p in result.patches:
+        assert re.search(r"amd/(mla|kda)\.py:\d+", p.why), p.why       # each says which vLLM code it runs
+        fused = config.is_fused("mla_norm" if p.target == ROCM_NORM else "kda_decode")
+        assert p.why.startswith("fusion on:" if fused else "fusion off:"), p
+    assert "rocm" not in setting.STOCK_MODES
+
+
+def test_the_rocm_norms_run_the_fused_op_or_the_two_layers():
+    calls = []
+
+    class Norm:
+        def __init__(self, name):
+            self.name, self.weight, self.variance_epsilon = name, torch.full((4,), 2.0), 1e-6
+
+        def __call__(self, x):
+            calls.append(self.name)
+            return x * self.weight
+
+    layer = SimpleNamespace(q_a_layernorm=Norm("q"), kv_a_layernorm=Norm("kv"))
+    q, kv = torch.ones(3, 4), torch.ones(3, 4) * 3
+    got = setting.rocm_normalize_q_kv(False)(layer, q, kv)
+    assert calls == ["q", "kv"] and torch.equal(got[0], q * 2) and torch.equal(got[1], kv * 2)
+    with pytest.raises((AttributeError, RuntimeError), match="fused_mla_dual_rms_norm"):
+        setting.rocm_normalize_q_kv(True)(layer, q, kv)     # AITER's op: registered only on ROCm with aiter
+    assert calls == ["q", "kv"]
+    (off,) = [p for p in setting.vllm_setting(FusionConfig(mode="off"), "rocm").patches if p.target == ROCM_SUPPORTED]
+    assert off.wrap(object())(12, 128, 4, 0, torch.bfloat16, torch.bfloat16) is False
 
 
 def test_a_bad_platform_or_config_is_refused():
@@ -124,9 +175,21 @@ def test_every_target_exists_and_off_and_on_take_its_arguments(vllm):
     from ablations.backends.vllm.patches import resolve
 
     for mode in ("off", "on"):
-        for patch in setting.vllm_setting(FusionConfig(mode=mode), "cpu").patches:
-            owner, attr = resolve(patch.target)
-            assert callable(getattr(owner, attr)), patch.target
+        for platform in PLATFORMS:
+            for patch in setting.vllm_setting(FusionConfig(mode=mode), platform).patches:
+                owner, attr = resolve(patch.target)
+                assert callable(getattr(owner, attr)), patch.target
+    from vllm.models.kimi_k3.amd import kda as amd_kda
+    from vllm.models.kimi_k3.amd import mla as amd_mla
+
+    rocm_norm = amd_mla.KimiK3MultiHeadLatentAttentionWrapper._normalize_q_kv
+    assert list(inspect.signature(setting.rocm_normalize_q_kv(True)).parameters) == list(
+        inspect.signature(rocm_norm).parameters)
+    source = inspect.getsource(rocm_norm)       # the two paths the patch pins, as vLLM 0.32 writes them
+    assert "torch.ops.vllm.fused_mla_dual_rms_norm(" in source and "return q_layernorm(q_c), kv_layernorm(kv_c)" \
+        in source
+    assert "is_fused_kda_decode_supported(" in inspect.getsource(amd_kda.KimiK3DeltaAttention.__init__)
+    assert "ops.fused_kda_decode(" in inspect.getsource(amd_kda.KimiK3DeltaAttention._forward)
     stock = list(inspect.signature(fused_q_kv_rmsnorm).parameters)
     assert list(inspect.signature(engine.q_kv_rms_norm_fused).parameters) == stock
     assert list(inspect.signature(naive.q_kv_rms_norm).parameters) == stock
