@@ -5,6 +5,7 @@
     python -m ablations.backends.vllm report [--requests 16] [--max-tokens 16]
     python -m ablations.backends.vllm model [--dir DIR]
     python -m ablations.backends.vllm patches [opts/kda_overlap=on ...] [--platform cpu|rocm|cuda]
+    python -m ablations.backends.vllm node-check [--out DIR]      # on a GPU node: every wired toggle mode, checked
 
 The model directory is written on first use (~/.cache/k3-ablate/models, or K3_ABLATE_MODEL_DIR).
 `--set field=value` changes a ModelConfig field (e.g. --set dtype=bfloat16 --set kda_layers=[1,2,3]).
@@ -257,6 +258,16 @@ def cmd_patches(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_check(args: argparse.Namespace) -> int:
+    from ablations.backends.vllm.node_check import node_check, refusal
+
+    why = refusal()
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    return node_check(Path(args.out))
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="python -m ablations.backends.vllm", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -288,6 +299,11 @@ def build_parser() -> Parser:
     patches.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                          help="toggle overrides: opts/<name>=<mode>, opts.<name>.<field>=<value>")
     patches.add_argument("--platform", choices=PLATFORMS, default="cpu")
+    check = sub.add_parser("node-check", help="on a GPU node: run every toggle mode its platform wires on the tiny "
+                           "K3 and check routes, greedy tokens and the vector in every process")
+    check.set_defaults(func=cmd_node_check)
+    check.add_argument("--out", default=str(Path("outputs") / "node_check"),
+                       help="where each engine's processes write their counts and patch records")
     report = sub.choices["report"]
     report.add_argument("--requests", type=int_at_least(1, "a positive integer"), default=16)
     report.add_argument("--max-tokens", type=int_at_least(1, "a positive integer"), default=16)
