@@ -13,6 +13,7 @@ A bad value is a one-line `error: ...` on stderr and exit code 2; a failed singl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
@@ -193,11 +194,17 @@ def run_sweep_cell(cfg: DictConfig, out_dir: Path, result_name: str) -> None:
         return
     total = len(design_cells(cfg.ablation.design, players, num_permutations=cfg.ablation.num_permutations,
                              seed=cfg.ablation.seed)) * cfg.ablation.repeats * (1 + cfg.ablation.draws)
-    log.info("[cell %d/%d] %s (repeat %d%s) -> %s", HydraConfig.get().job.num + 1, total, cfg.ablation.cell,
-             cfg.ablation.repeat, f", draw {cfg.ablation.draw}" if cfg.ablation.draws else "", out_dir)
+    draw = f", draw {cfg.ablation.draw}" if cfg.ablation.draws else ""
+    which = f"{cfg.ablation.cell} (repeat {cfg.ablation.repeat}{draw})"
+    headline = "failed"
     try:
         app = to_app(cfg)
-        run(app, out_dir, config, players)
+        with quiet_console():       # the cell's own lines go to its log (<cell dir>/__main__.log), not the terminal
+            result = run(app, out_dir, config, players)
+        value = result["metrics"].get(cfg.ablation.metric)
+        headline = f"{cfg.ablation.metric} {value:.6g}" if isinstance(value, int | float) else \
+            f"no {cfg.ablation.metric}"
+        headline += f" ({result['seconds']:.1f} s)"
     except Exception as err:
         text = message(err)
         print(f"error: cell {cfg.ablation.cell}: {text}", file=sys.stderr)
@@ -213,7 +220,23 @@ def run_sweep_cell(cfg: DictConfig, out_dir: Path, result_name: str) -> None:
                                "repeat": cfg.ablation.repeat, "metric": cfg.ablation.metric},
                   "environment": environment()}
         write_result(out_dir / result_name, failed)
-    log.info("%s", sweep_progress(Path(HydraConfig.get().sweep.dir), total, result_name))
+    log.info("[cell %d/%d] %s: %s %s", HydraConfig.get().job.num + 1, total, which, headline,
+             sweep_progress(Path(HydraConfig.get().sweep.dir), total, result_name))
+
+
+@contextlib.contextmanager
+def quiet_console(level: int = logging.WARNING):
+    """The root logger's console handlers at `level` inside (its file handlers keep every line)."""
+    handlers = [h for h in logging.getLogger().handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    levels = [h.level for h in handlers]
+    for handler in handlers:
+        handler.setLevel(max(level, handler.level))
+    try:
+        yield
+    finally:
+        for handler, previous in zip(handlers, levels, strict=True):
+            handler.setLevel(previous)
 
 
 def cli(argv: list[str] | None = None) -> None:

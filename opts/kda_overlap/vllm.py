@@ -52,31 +52,35 @@ def valid_modes(platform: str) -> tuple[str, ...]:
     return tuple(m for m in KdaOverlapConfig.MODES if (m, platform) not in NOT_WIRED)
 
 
-def on_patches(chunk_size: int) -> tuple[Patch, ...]:
-    """The patches of kda_overlap=on, `chunk_size` tokens per chunk of the packed pass (PyTorch's, on the CPU;
-    the Triton kernel's chunk is its own `triton_packed.BT`)."""
-    why = "kda_overlap=on: prefill and verification rows of a mixed step in one packed chunked pass"
+def _mixed_step_patches(chunk_size: int, why: str, prefill: Patch, counted: Patch) -> tuple[Patch, ...]:
+    """The mixed step marked in `_forward` and its verification call deferred, then `prefill` (what the prefill
+    kernel's call runs instead) and `counted` (the counted function it calls)."""
     return (
         Patch(FORWARD_TARGET, lambda base: vllm_overlap.overlap_forward(base, chunk_size),
               f"{why} (marks the mixed steps)"),
         Patch(VERIFY_TARGET, vllm_overlap.defer_verify, f"{why} (defers the verification call)"),
-        Patch(PREFILL_TARGET, vllm_overlap.packed_prefill, f"{why} (runs the packed pass)"),
-        Patch(PACKED_TARGET, lambda packed_step: packed_step, f"{why} (counts the packed pass)", PACKED_COUNTER),
+        prefill,
+        counted,
     )
+
+
+def on_patches(chunk_size: int) -> tuple[Patch, ...]:
+    """The patches of kda_overlap=on, `chunk_size` tokens per chunk of the packed pass (PyTorch's, on the CPU;
+    the Triton kernel's chunk is its own `triton_packed.BT`)."""
+    why = "kda_overlap=on: prefill and verification rows of a mixed step in one packed chunked pass"
+    return _mixed_step_patches(
+        chunk_size, why, Patch(PREFILL_TARGET, vllm_overlap.packed_prefill, f"{why} (runs the packed pass)"),
+        Patch(PACKED_TARGET, lambda packed_step: packed_step, f"{why} (counts the packed pass)", PACKED_COUNTER))
 
 
 def streams_patches(chunk_size: int) -> tuple[Patch, ...]:
     """The patches of kda_overlap=streams (CUDA): the verification rows of a mixed step on a side stream,
     beside the prefill rows, with vLLM's own kernels (`chunk_size` only marks the step's call)."""
     why = "kda_overlap=streams: the verification rows of a mixed step on a side stream beside the prefill rows"
-    return (
-        Patch(FORWARD_TARGET, lambda base: vllm_overlap.overlap_forward(base, chunk_size),
-              f"{why} (marks the mixed steps)"),
-        Patch(VERIFY_TARGET, vllm_overlap.defer_verify, f"{why} (defers the verification call)"),
-        Patch(PREFILL_TARGET, vllm_overlap.streamed_prefill, f"{why} (runs both, split and joined)"),
+    return _mixed_step_patches(
+        chunk_size, why, Patch(PREFILL_TARGET, vllm_overlap.streamed_prefill, f"{why} (runs both, split and joined)"),
         Patch(STREAMED_TARGET, lambda streamed_step: streamed_step, f"{why} (counts the two-stream steps)",
-              STREAMED_COUNTER),
-    )
+              STREAMED_COUNTER))
 
 
 def vllm_setting(config: ToggleConfig, platform: str) -> VllmSetting:

@@ -117,6 +117,12 @@ def test_a_one_at_a_time_multirun_writes_one_result_per_cell_and_the_attribution
     assert {"metric", "all_on", "all_off", "shapley", "interactions"} <= set(out)
     assert out["shapley"] == {"aiter_mla": 0.0, "fusion": 0.0}, "the workload does not depend on the toggles"
     assert "[4/4 cells done]" in done.stdout + done.stderr
+    # a quiet terminal: one line per cell with its headline, no launcher line per job; the cell's log has the rest
+    terminal = (done.stdout + done.stderr).splitlines()
+    per_cell = [line for line in terminal if line.startswith("[cell ")]
+    assert len(per_cell) == 4 and all(" (repeat 0): requests " in line for line in per_cell), per_cell
+    assert not any(line.startswith("workload ") or "\t#" in line for line in terminal), terminal
+    assert "workload agentx_small:" in (tmp_path / "fusion.r0" / "__main__.log").read_text()
 
 
 @pytest.mark.spawns

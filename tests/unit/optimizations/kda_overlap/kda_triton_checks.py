@@ -9,16 +9,15 @@ import os
 
 import pytest
 import torch
+from test_kda_overlap_step import FIELDS, TOLERANCES, assert_matches, poisoned  # the package's checks, shared
 
-from opts.kda_overlap import StepOutput, reference_step, step_off
+from opts.kda_overlap import reference_step, step_off
 from opts.kda_overlap.inputs import StepShape, random_step
 
 F64 = torch.float64
 # a one-token segment, a prefill over 5 chunks of 16 and one ending mid-chunk, a row with nothing to verify,
 # rows of several lengths, 3 heads, dk != dv (powers of two: the kernel's tiles)
 SHAPE = StepShape(prefill_lens=(1, 70, 37), verify_lens=(4, 0, 4, 3, 1, 4), num_heads=3, dk=32, dv=16)
-TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (1.6e-2, 2e-5)}   # (o, states), as test_kda_overlap_step
-FIELDS = ("o", "prefill_final_state", "verify_states")
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +28,6 @@ def kernel():
 
     assert os.environ.get("TRITON_INTERPRET") == "1" and triton_packed.interpreted()
     return triton_packed
-
-
-def poisoned(batch):
-    return StepOutput.empty(batch, fill=float("nan"))
-
-
-def assert_matches(out, ref, dtype):
-    o_tol, state_tol = TOLERANCES[dtype]
-    for name in FIELDS:
-        got = getattr(out, name)
-        assert not torch.isnan(got).any(), f"{name}: entries left unwritten"
-        tol = o_tol if name == "o" else state_tol
-        torch.testing.assert_close(got.to(F64), getattr(ref, name), rtol=tol, atol=tol, msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
