@@ -66,6 +66,11 @@ def _differences(a: dict[str, Any], b: dict[str, Any], keys=("workload", "model"
     return "; ".join(named) or "a non-toggle setting differs (setting_hash)"
 
 
+def _draw_of(cell: Cell) -> int:
+    """The draw of the assumed figures `cell` ran (-1: the point values, also for a cell from before draws)."""
+    return int((cell.result.get("config", {}).get("ablation") or {}).get("draw", -1))
+
+
 def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = False) -> Sweep:
     """Check `cells` make one experiment and gather `metric` (default: the experiment's) per coalition."""
     if not cells:
@@ -98,7 +103,7 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
     failed = []
     for cell in sweep_cells:
         coalition = frozenset(cell.ablation.get("on", [])) if cell.ok else None
-        draw = int((cell.result.get("config", {}).get("ablation") or {}).get("draw", -1))
+        draw = _draw_of(cell)
         key = (cell.ablation.get("cell"), cell.ablation.get("repeat", 0), draw)
         if key in seen:
             raise SweepError(f"duplicate cell {key[0]} repeat {key[1]}{f' draw {draw}' if draw >= 0 else ''}: "
@@ -125,8 +130,7 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
         values[coalition][key[1]] = float(metrics[metric])
     missing = [f"{label(c, players)} repeat {r}" for c in expected for r in range(repeats) if r not in values[c]]
     missing += [f"{label(c, players)} draw {d}" for d in range(draws) for c in expected if c not in draw_values[d]]
-    point_cells = [c for c in sweep_cells
-                   if int((c.result.get("config", {}).get("ablation") or {}).get("draw", -1)) < 0]
+    point_cells = [c for c in sweep_cells if _draw_of(c) < 0]
     sweep = Sweep(players, design, metric, values, expected, repeats, missing, failed, orders,
                   artefacts(point_cells, players, metric), draws, draw_values, draw_figures)
     if missing and not allow_missing:

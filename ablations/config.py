@@ -204,8 +204,9 @@ def _cells(*, _root_: DictConfig) -> str:
 
 
 def apply_draw_to(cfg: DictConfig) -> DictConfig:
-    """The config with the hardware figures of draw `ablation.draw` (of `ablation.draws`, Latin hypercube over
-    `hardware.ranges` with `ablation.draw_seed`) set, and recorded in `ablation.drawn`; unchanged at draw -1."""
+    """The config with the figures of draw `ablation.draw` (of `ablation.draws`, a Latin hypercube over
+    `hardware.ranges` and `ablation.ranges` with `ablation.draw_seed`) set, and recorded in `ablation.drawn`;
+    unchanged at draw -1."""
     ablation = OmegaConf.to_object(cfg.ablation)
     if ablation.draw < 0:
         return cfg

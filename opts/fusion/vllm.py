@@ -196,9 +196,9 @@ def vllm_setting(config: FusionConfig, platform: str) -> VllmSetting:
     if platform == "rocm":
         return VllmSetting(patches=tuple(p for m in MECHANISMS for p in rocm_patches(m, config.is_fused(m))))
     unfused = [m for m in MECHANISMS if not config.is_fused(m)]
-    patches = (Patch(MLA_NORM_TARGET, _put(naive.q_kv_rms_norm), "fusion off: the q/kv RMSNorms as two compiled "
-                     "passes (naive.q_kv_rms_norm) instead of vLLM's Triton fused_q_kv_rmsnorm (nvidia/mla.py:521): a "
-                     "counterfactual, vLLM 0.32 has no unfused path", MLA_UNFUSED_COUNTER),) if "mla_norm" in unfused \
-        else ()
+    new, counter, runs = NORM_PASSES[False]
+    patches = (Patch(MLA_NORM_TARGET, _put(new), f"fusion off: the q/kv RMSNorms as {runs} instead of vLLM's Triton "
+                     "fused_q_kv_rmsnorm (nvidia/mla.py:521): a counterfactual, vLLM 0.32 has no unfused path",
+                     counter),) if "mla_norm" in unfused else ()
     return VllmSetting(patches=patches,
                        additional_config={"kda_decode_backend": "triton"} if "kda_decode" in unfused else {})

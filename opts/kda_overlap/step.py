@@ -3,6 +3,9 @@ GPU streams at once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from opts.kda_overlap.batch import MixedStep, StepOutput
@@ -30,20 +33,40 @@ def step_on(batch: MixedStep, *, chunk_size: int = CHUNK_SIZE, out: StepOutput |
     return out
 
 
+_side_streams: dict[torch.device, Any] = {}
+
+
+def side_stream(device: torch.device) -> Any:
+    """The side stream of `device` (one per device, made once)."""
+    stream = _side_streams.get(device)
+    if stream is None:
+        streams = torch.get_device_module(device)
+        # torch.cpu.Stream takes no device (its first argument is a priority); CUDA's and HIP's take it
+        stream = _side_streams[device] = streams.Stream() if device.type == "cpu" else streams.Stream(device)
+    return stream
+
+
+def beside(side_work: Callable[[], Any], main_work: Callable[[], Any], device: torch.device) -> Any:
+    """`side_work` on `device`'s side stream, which first waits for the current one (its inputs are written),
+    while `main_work` runs on the current stream; the current stream then waits for the side one (the join).
+    `main_work`'s result. On a CPU, whose streams run in order, the same calls run one after the other."""
+    streams = torch.get_device_module(device)
+    main, side = streams.current_stream(device), side_stream(device)
+    side.wait_stream(main)
+    with streams.stream(side):
+        side_work()
+    result = main_work()
+    main.wait_stream(side)
+    return result
+
+
 def step_streams(batch: MixedStep, *, chunk_size: int = CHUNK_SIZE, out: StepOutput | None = None) -> StepOutput:
     """Off's two parts at once on a GPU: verification on a side stream while prefill runs on the current one."""
     if batch.q.device.type != "cuda":
         raise ValueError(f"KdaOverlapConfig.mode 'streams': needs a CUDA or ROCm device, the step is on "
                          f"{batch.q.device}; valid choices there: off, on")
     out = prepare(batch, out)
-    main = torch.cuda.current_stream(batch.q.device)
-    side = torch.cuda.Stream(device=batch.q.device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        if batch.num_verify_tokens:
-            verify_part(batch, out)
-    if batch.num_prefill:
-        prefill_part(batch, out, chunk_size)
-    main.wait_stream(side)
+    beside(lambda: verify_part(batch, out) if batch.num_verify_tokens else None,
+           lambda: prefill_part(batch, out, chunk_size) if batch.num_prefill else None, batch.q.device)
     return out
 

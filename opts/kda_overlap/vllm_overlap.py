@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from opts.kda_overlap.step import beside
 from opts.kda_overlap.vllm_kernels import Prefill, Verify, finish_prefill, mixed_on
 
 _local = threading.local()
@@ -165,19 +166,6 @@ def streamed_prefill(base: Callable[..., Any]) -> Callable[..., Any]:
     return chunk_kda_with_fused_gate
 
 
-_side_streams: dict[torch.device, Any] = {}
-
-
-def side_stream(device: torch.device) -> Any:
-    """The side stream of `device` (one per device, made once)."""
-    stream = _side_streams.get(device)
-    if stream is None:
-        streams = torch.get_device_module(device)
-        # torch.cpu.Stream takes no device (its first argument is a priority); CUDA's and HIP's take it
-        stream = _side_streams[device] = streams.Stream() if device.type == "cpu" else streams.Stream(device)
-    return stream
-
-
 def streamed_step(call: MixedCall, prefill_kernel: Callable[..., Any], args: dict[str, Any]) -> Any:
     """One mixed step on two streams: the deferred verification (`call`, vLLM's own kernel) on the side stream,
     the prefill (`prefill_kernel(**args)`) on the current one, joined before return. Fills the verification
@@ -186,14 +174,10 @@ def streamed_step(call: MixedCall, prefill_kernel: Callable[..., Any], args: dic
     allocator reuses none of them early."""
     if call.verify is None or call.out is None or call.verify_kernel is None:
         raise ValueError("streamed_step: the mixed step holds no deferred verification call")
-    device = call.out.device
-    streams = torch.get_device_module(device)
-    main, side = streams.current_stream(device), side_stream(device)
-    side.wait_stream(main)                      # the split: the verification's inputs are written
-    with streams.stream(side):
+
+    def verify() -> None:
         o, _ = call.verify_kernel(**call.verify, out=call.out, fuse_gate=call.fuse_gate)
         if o.data_ptr() != call.out.data_ptr():      # a kernel that ignores `out`
             call.out.copy_(o)
-    result = prefill_kernel(**args)
-    main.wait_stream(side)                      # the join: the verification output and states are in place
-    return result
+
+    return beside(verify, lambda: prefill_kernel(**args), call.out.device)

@@ -6,13 +6,12 @@ installed."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
+from ablations.backends.vllm.counters import counting_into, read_counts
 from ablations.backends.vllm.engine import EngineConfig, engine_config, engine_kwargs, open_llm
 from ablations.backends.vllm.steps import read_steps
 from ablations.backends.vllm.timed_replay import ReplayLimits, timed_replay
@@ -70,15 +69,13 @@ def run_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, 
     schedule = build_schedule(workload, cut)
     limits = ReplayLimits(backend.max_prompt_tokens, backend.max_tokens)
     process_dir = out_dir / PROCESS_DIR
-    previous = os.environ.get(COUNTER_DIR_ENV)
-    os.environ[COUNTER_DIR_ENV] = str(process_dir)
     step = max(1, len(cut.requests) // 4)
 
     def progress(done: int, total: int) -> None:
         if done % step == 0 or done == total:
             log.info("vllm: %d/%d requests finished", done, total)
 
-    try:
+    with counting_into(process_dir):
         log.info("vllm: starting %s engine (%s) with toggles %s", model.name, backend.platform, cfg.toggles)
         t0 = time.perf_counter()
         with open_llm(cfg) as llm:
@@ -86,11 +83,6 @@ def run_cell(backend: VllmBackendConfig, model: ModelConfig, toggles: dict[str, 
             log.info("vllm: engine up in %.1f s; replaying %d requests (%s schedule)", start_s, len(cut.requests),
                      type(schedule).__name__)
             records, seen = timed_replay(llm, cut, schedule, model.vocab_size, limits, progress=progress)
-    finally:
-        if previous is None:
-            os.environ.pop(COUNTER_DIR_ENV, None)
-        else:
-            os.environ[COUNTER_DIR_ENV] = previous
     metrics = cell_metrics(records, NUM_DEVICES)
     log.info("vllm: %d requests in %.2f s: %.1f tokens/s, TTFT p50 %.3f s, hit rate %.3f", len(records),
              seen["seconds"], metrics["total_throughput"], metrics["ttft_p50_s"], metrics["prefix_hit_rate"])

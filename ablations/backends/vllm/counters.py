@@ -9,13 +9,14 @@ waits after the last call for every count to be on disk.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +31,21 @@ _dirty = threading.Event()
 _started = False
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def counting_into(directory: str | Path) -> Iterator[None]:
+    """Inside, the vLLM processes this one starts write their counts and records into `directory`
+    (`K3_ABLATE_COUNTER_DIR`, restored on exit)."""
+    previous = os.environ.get(COUNTER_DIR_ENV)
+    os.environ[COUNTER_DIR_ENV] = str(directory)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(COUNTER_DIR_ENV, None)
+        else:
+            os.environ[COUNTER_DIR_ENV] = previous
 
 
 def counter_dir() -> Path | None:

@@ -14,8 +14,6 @@ tests check (`make test`). It has not been run on a GPU node from this repositor
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -24,13 +22,12 @@ from typing import Any
 
 from ablations.backends.vllm.cell import fired, not_fired
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts, wait_flushed
+from ablations.backends.vllm.counters import counting_into, read_counts, wait_flushed
 from ablations.backends.vllm.engine import EngineConfig, open_llm, random_prompts
 from ablations.backends.vllm.runtime import hide_media_wheels
 from ablations.backends.vllm.toggles import read_records
 from opts.registry import OPTIMIZATIONS, make_config
 
-log = logging.getLogger("ablations")
 NUM_PROMPTS, MAX_TOKENS = 8, 16
 SMALL_BUDGET = 64       # tokens per step: prefill chunks beside decodes (and verification rows, with MTP)
 NUM_SPEC_TOKENS = 2
@@ -134,19 +131,11 @@ def run_engine(cfg: EngineConfig, prompts: list[list[int]], directory: Path, max
     hide_media_wheels()
     from vllm import SamplingParams
 
-    previous = os.environ.get(COUNTER_DIR_ENV)
-    os.environ[COUNTER_DIR_ENV] = str(directory)
     t0 = time.perf_counter()
-    try:
-        with open_llm(cfg) as llm:
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-            wait_flushed()
-    finally:
-        if previous is None:
-            os.environ.pop(COUNTER_DIR_ENV, None)
-        else:
-            os.environ[COUNTER_DIR_ENV] = previous
+    with counting_into(directory), open_llm(cfg) as llm:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        wait_flushed()
     tokens = [list(out.outputs[0].token_ids) for out in outputs]
     return EngineRun(tokens, read_counts(directory), read_records(directory), time.perf_counter() - t0)
 

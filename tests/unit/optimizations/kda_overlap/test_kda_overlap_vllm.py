@@ -19,6 +19,7 @@ from kda_vllm_cases import PREFIX, mixed_case, serial_forward
 
 from opts.kda_overlap import KdaOverlapConfig, vllm_kernels, vllm_overlap
 from opts.kda_overlap import vllm as setting
+from opts.kda_overlap.step import side_stream
 from opts.vllm_setting import PLATFORMS
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -226,7 +227,7 @@ def test_streams_run_the_verification_on_a_side_stream_and_equal_off_exactly(vll
         want = serial_forward(off, OFF)
         got = forward(layer(), on)
     assert calls == [1]
-    main, side = torch.cpu.current_stream(), vllm_overlap.side_stream(torch.device("cpu"))
+    main, side = torch.cpu.current_stream(), side_stream(torch.device("cpu"))
     assert [name for name, _ in seen] == ["verify", "prefill"]
     assert seen[0][1] is side is not main and seen[1][1] is main
     for a, b in zip((*got, on.cache), (*want, off.cache), strict=True):
