@@ -16,7 +16,7 @@ test: env aiperf-env
 	$(PY) -m pytest -n $(TEST_WORKERS) --durations=20 -m "not heavy" $(ARGS)
 
 # What is too long for `make test`: the served replays (minutes each: both serving clients compared, evict against
-# off) and the simulator's 8-point agentx sweep benchmark.
+# off) and the simulator's default agentx sweep benchmark.
 test-heavy: env aiperf-env
 	$(PY) -m pytest -n $(TEST_WORKERS) -m heavy $(ARGS)
 

@@ -17,8 +17,8 @@ ALGORITHMS = ("flashinfer", "ar_1stage", "ar_2stage", "symm_mem", "ccl")
 COLLECTIVE_FIGURES = tuple(f"{a}_{f}" for a in ALGORITHMS for f in ("us", "busbw_gb_s"))
 FIGURES = ("memory", "bandwidth_tb_s", "peak_bf16_tflops", "peak_fp8_tflops", "peak_fp4_tflops",
            "price_per_gpu_hour", "link_bandwidth_gb_s", *COLLECTIVE_FIGURES, "launch_us", "graph_launch_us",
-           "graph_node_us", "host_overhead_us", "host_us_per_token", "host_us_per_request", "host_us_per_decode",
-           "host_first_step_us")
+           "graph_node_us", "kernel_floor_us", "host_overhead_us", "host_us_per_token", "host_us_per_request",
+           "host_us_per_decode", "host_first_step_us")
 PRECISIONS = {"bf16": "peak_bf16_tflops", "fp8": "peak_fp8_tflops", "fp4": "peak_fp4_tflops"}
 # The host's figures, fitted together where an engine's steps are measured (python -m ablations.fidelity).
 HOST_FIGURES = ("host_overhead_us", "host_us_per_token", "host_us_per_request", "host_us_per_decode",
@@ -39,28 +39,27 @@ MEMORY_UNITS = {"GB": 1e9, "GiB": 2.0**30, "MiB": 2.0**20}
 
 @dataclass
 class HardwareConfig:
-    """A node: `num_devices` of `device` on `platform` (cpu, rocm, cuda). Per device: HBM `memory` in
-    `memory_unit` (GB, 10^9 bytes, GiB, 2^30, or MiB, 2^20: the unit the vendor means: AMD's "288 GB" is 288 GiB,
-    NVIDIA's B300 "288 GB" is 288·10^9 bytes; NVIDIA's H200 "141 GB" is neither, its total given in MiB as
-    nvidia-smi prints it), memory bandwidth `bandwidth_tb_s` (10^12 bytes/s), dense BF16, FP8 and FP4
-    peaks in TFLOP/s; `price_per_gpu_hour` in USD; the link each device reaches the others over
-    (`link_bandwidth_gb_s`: one direction, 10^9 bytes/s, the ceiling of every all-reduce's bus bandwidth); each
-    all-reduce algorithm's latency (`<algorithm>_us`) and bus bandwidth (`<algorithm>_busbw_gb_s`, as
-    nccl-tests reports it: an all-reduce of P bytes takes latency + 2·(n − 1)/n · P / busbw); a kernel launched
-    eagerly (`launch_us`), a captured graph's replay (`graph_launch_us`) and each kernel node in it
-    (`graph_node_us`); the host's work per engine step (`host_overhead_us`), per token it schedules
-    (`host_us_per_token`), per request it schedules (`host_us_per_request`: a prefill chunk or a decode), per
-    decode or verification on top of that (`host_us_per_decode`: on vLLM-CPU most of a decode's time lies outside
-    the kernels the simulator prices, `python -m ablations.fidelity`) and once, in the engine's first step
+    """A node: `num_devices` of `device` on `platform` (cpu, rocm, cuda). Per device: HBM `memory` in `memory_unit` (GB,
+    10^9 bytes, GiB, 2^30, or MiB, 2^20: the unit the vendor means: AMD's "288 GB" is 288 GiB, NVIDIA's B300 "288 GB" is
+    288·10^9 bytes; NVIDIA's H200 "141 GB" is neither, its total given in MiB as nvidia-smi prints it), memory bandwidth
+    `bandwidth_tb_s` (10^12 bytes/s), dense BF16, FP8 and FP4 peaks in TFLOP/s; `price_per_gpu_hour` in USD; the link
+    each device reaches the others over (`link_bandwidth_gb_s`: one direction, 10^9 bytes/s, the ceiling of every
+    all-reduce's bus bandwidth); each all-reduce algorithm's latency (`<algorithm>_us`) and bus bandwidth
+    (`<algorithm>_busbw_gb_s`, as nccl-tests reports it: an all-reduce of P bytes takes latency + 2·(n − 1)/n · P /
+    busbw); a kernel launched eagerly (`launch_us`), a captured graph's replay (`graph_launch_us`) and each kernel node
+    in it (`graph_node_us`); the shortest a kernel runs however little it has to do (`kernel_floor_us`: a pass of n
+    kernels takes at least n times it; 0: no floor); the host's work per engine step (`host_overhead_us`), per token it
+    schedules (`host_us_per_token`), per request it schedules (`host_us_per_request`: a prefill chunk or a decode), per
+    decode or verification on top of that (`host_us_per_decode`: on vLLM-CPU most of a decode's time lies outside the
+    kernels the simulator prices, `python -m ablations.fidelity`) and once, in the engine's first step
     (`host_first_step_us`: vLLM-CPU's first forward initialises lazily; 0 where an engine is warmed up before it
-    serves); `capability`, the device's compute capability as vLLM reads it (B300 10.3, H200 9.0, MI355X's gfx950
-    9.5): it picks the all-reduce size limits and the largest graph vLLM captures;
-    `efficiency[kernel class]`, the fraction of peak and of bandwidth a class reaches;
-    `stock_classes[cost name]`, the kernel class stock vLLM runs a pass as on this node where it is not the generic
-    one (B300: the MLA decode as `attention_blackwell`, the kernel vLLM selects on Blackwell). A figure of 0 is
-    unknown; a known one, every efficiency and every stock class names its source (or says assumed) in
-    `sources[figure]` / `sources["efficiency.<class>"]` / `sources["stock_classes.<name>"]`; an assumed value
-    has `ranges[key] = [low, high]`, the values it could take, the reason in its source."""
+    serves); `capability`, the device's compute capability as vLLM reads it (B300 10.3, H200 9.0, MI355X's gfx950 9.5):
+    it picks the all-reduce size limits and the largest graph vLLM captures; `efficiency[kernel class]`, the fraction of
+    peak and of bandwidth a class reaches; `stock_classes[cost name]`, the kernel class stock vLLM runs a pass as on
+    this node where it is not the generic one (B300: the MLA decode as `attention_blackwell`, the kernel vLLM selects on
+    Blackwell). A figure of 0 is unknown; a known one, every efficiency and every stock class names its source (or says
+    assumed) in `sources[figure]` / `sources["efficiency.<class>"]` / `sources["stock_classes.<name>"]`; an assumed
+    value has `ranges[key] = [low, high]`, the values it could take, the reason in its source."""
 
     name: str = "cpu"
     platform: str = "cpu"
@@ -87,6 +86,7 @@ class HardwareConfig:
     launch_us: float = 0.0
     graph_launch_us: float = 0.0
     graph_node_us: float = 0.0
+    kernel_floor_us: float = 0.0
     host_overhead_us: float = 0.0
     host_us_per_token: float = 0.0
     host_us_per_request: float = 0.0

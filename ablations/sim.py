@@ -4,7 +4,9 @@ tokens per dollar, the frontier, draft_length's K per batch size, and the all-of
 figure with a range (and each assumed one at ±20%). `python -m ablations.sim explain`: a decode step and a prefill
 chunk at the headline's point on each node, by kernel class, launches, collectives and host. `python -m ablations.sim
 validate`: DeepSeek-R1 simulated at each published point's configuration (backends/sim/validate.py), published
-against simulated, the node-against-node orderings, and a plot of the frontiers."""
+against simulated, the node-against-node orderings, and a plot of the frontiers. `python -m ablations.sim
+calibrate [--write]`: the hardware figures the points marked `calibrates` set, one per platform
+(backends/sim/calibrate_points.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ablations.backends.sim import calibrate_points
 from ablations.backends.sim.report import HARDWARE, OPTS, SENSITIVITY, explain, report, table
 from ablations.backends.sim.validate import CURVE, POINTS_FILE, load_points, plot, to_json, validate, worst_per_node
 from ablations.backends.sim.validate import explain as explain_point
@@ -48,9 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("--workers", type=int, default=0, help="processes (default: one per core)")
     val.add_argument("--explain", nargs="*", metavar="POINT",
                      help="also explain the steps behind these points (no names: each node's worst miss)")
+    cal = commands.add_parser("calibrate", help="the hardware figures the points marked `calibrates` set")
+    cal.add_argument("--points", type=Path, default=POINTS_FILE, help="the published points (default: %(default)s)")
+    cal.add_argument("--write", action="store_true", help="write each fitted value into its platform's profiles")
+    cal.add_argument("--requests-per-slot", type=int, default=10,
+                     help="requests per concurrency slot, as validate runs them (default: %(default)s)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
+        if args.command == "calibrate":
+            return _calibrate(args, start)
         if args.command == "validate":
             return _validate(args, start)
         if args.command == "explain":
@@ -67,6 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"sim report: {len(rows)} rows in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, start: float) -> int:
+    found = calibrate_points.calibrate(load_points(args.points), requests_per_slot=args.requests_per_slot,
+                                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if not found:
+        raise ValueError(f"{args.points}: no point is marked calibrates: nothing to fit")
+    print(calibrate_points.table(found))
+    for c in found if args.write else ():
+        for path in calibrate_points.write(c):
+            print(f"wrote {c.figure}: {c.value:g} into {path}", file=sys.stderr)
+    print(f"sim calibrate: {len(found)} figures in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 0
 
 

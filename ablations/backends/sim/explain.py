@@ -1,6 +1,7 @@
 """A step explained: where a simulated step's seconds go on a node (README.md, "The step, explained").
 
-`explain_step` breaks one step of a cell's step model into its kernels by class, its launches (how the step
+`explain_step` breaks one step of a cell's step model into its kernels by class (and what of them the kernel floor
+adds over their roofline), its launches (how the step
 launches: a full graph, piecewise or eager), each group of collectives with the algorithm vLLM picks for it, and the
 host; the parts add up to the step's time. `batch_independent` is the share of the step a step of no requests would
 still take: the step's time less the requests' marginal cost (one request more for a decode step, 1% more tokens for
@@ -26,6 +27,7 @@ class Explained:
     what: str
     total_s: float
     kernels_s: dict[str, float] = field(default_factory=dict)          # by kernel class
+    floor_s: dict[str, float] = field(default_factory=dict)            # of it, what the kernel floor adds
     launch: dict[str, Any] = field(default_factory=dict)               # mode, replays, kernels, seconds
     collectives: list[dict[str, Any]] = field(default_factory=list)    # op, algorithm, count, payload, seconds
     host_s: float = 0.0
@@ -49,6 +51,7 @@ def explain_step(model: StepModel, seqs: list[Seq], what: str, grown: list[Seq])
     out = Explained(what, step.total_s, host_s=step.host_s)
     for part in parts:
         out.kernels_s[part.kernel_class] = out.kernels_s.get(part.kernel_class, 0.0) + part.kernels_s
+        out.floor_s[part.kernel_class] = out.floor_s.get(part.kernel_class, 0.0) + part.floor_s
     replays = model.graphs.replays(mode, model.num_drafts)
     out.launch = {"mode": mode, "graph_replays": replays, "kernels": sum(c.kernels for c in costs.values()),
                   "seconds": step.launch_s}
@@ -98,7 +101,9 @@ def text(node: str, steps: list[Explained]) -> str:
         lines.append(f"{node}, {e.what}: {_ms(e.total_s).strip()} "
                      f"({e.batch_independent:.0%} of it independent of the batch)")
         for kind, seconds in sorted(e.kernels_s.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  kernels  {kind:<22}{_ms(seconds)}  {seconds / e.total_s:6.1%}")
+            floor = e.floor_s.get(kind, 0.0)
+            lines.append(f"  kernels  {kind:<22}{_ms(seconds)}  {seconds / e.total_s:6.1%}"
+                         + (f"  ({floor * 1e3:.3f} ms of it the kernel floor)" if floor > 0 else ""))
         launch = e.launch
         lines.append(f"  launches {launch['mode']:<22}{_ms(launch['seconds'])}  {launch['seconds'] / e.total_s:6.1%}"
                      f"  ({launch['kernels']:,} kernels, {launch['graph_replays']} graph replays)")

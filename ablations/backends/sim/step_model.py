@@ -178,6 +178,8 @@ class StepModel:
         untiered = replace(mech, latent_up_tier=None)
         both = self._fit(untiered)
         self._flops_s, self._bytes_s, self._roof_flops, self._roof_bytes = self._kernel_terms(both)
+        # the shortest each pass's kernels take (timing.pass_times): the same passes and kernels in both MoE tails
+        self._floor = both[:, :, 2] * hw.kernel_floor_us * 1e-6 if hw.kernel_floor_us else None
         if self.tier is not None:       # the same passes, launches and collectives; the sharded tail's FLOPs and bytes
             self._high = self._kernel_terms(self._fit(replace(untiered, sharded_latent_up=True)))
             self._later = np.array([n.startswith("later_") for n in self.names])
@@ -354,12 +356,14 @@ class StepModel:
 
     def times(self, rows: np.ndarray) -> np.ndarray:
         """Seconds of the steps whose feature rows (`batch_features`, or `features` of the step and of its later
-        MTP passes side by side) are `rows`: per pass max(FLOPs / (peak·eff), bytes / (bandwidth·eff)),
-        then launches, all-reduces, host."""
+        MTP passes side by side) are `rows`: per pass max(FLOPs / (peak·eff), bytes / (bandwidth·eff), kernels ·
+        kernel_floor_us), then launches, all-reduces, host."""
         kernels = np.maximum(rows @ self._flops_s, rows @ self._bytes_s)
         if self.tier is not None:
             flops_s, bytes_s = self._high[:2]
             kernels = np.where(self._sharded(rows), np.maximum(rows @ flops_s, rows @ bytes_s), kernels)
+        if self._floor is not None:
+            kernels = np.maximum(kernels, rows @ self._floor)
         fixed = (rows @ self._fixed.T)[np.arange(rows.shape[0]), self.launch_modes(rows)]
         return kernels.sum(axis=-1) + fixed + self.comm_times(rows) + self.host_s
 

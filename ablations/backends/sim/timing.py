@@ -83,31 +83,35 @@ class PassTime:
     kernels_s: float
     launch_s: float
     comm_s: float
+    floor_s: float = 0.0        # what of kernels_s the kernel floor adds over the roofline
 
 
 def pass_times(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
                classes: dict[str, str] | None = None, *, mode: str = "eager",
                precisions: dict[str, str] | None = None) -> list[PassTime]:
-    """Each pass of a step launched in `mode` (`graphs.Graphs.step_mode`), priced as `step_time` prices it."""
+    """Each pass of a step launched in `mode` (`graphs.Graphs.step_mode`), priced as `step_time` prices it: its
+    kernels at their roofline, or at `kernel_floor_us` each where that is longer."""
     bandwidth = hw.bandwidth_tb_s * 1e12
     out = []
     for name, cost in costs.items():
         k = kernel_class(name, {**hw.stock_classes, **(classes or {})})
         e = efficiency(hw, k)
-        out.append(PassTime(name, k, kernel_time(cost, peak_flops(hw, k, precisions), bandwidth, e, e),
-                            cost.kernels * kernel_seconds(name, mode, hw), comm_seconds(cost, parallel.tp, hw)))
+        roof = kernel_time(cost, peak_flops(hw, k, precisions), bandwidth, e, e)
+        busy = max(roof, cost.kernels * hw.kernel_floor_us * 1e-6)
+        out.append(PassTime(name, k, busy, cost.kernels * kernel_seconds(name, mode, hw),
+                            comm_seconds(cost, parallel.tp, hw), busy - roof))
     return out
 
 
 def step_time(costs: dict[str, Cost], hw: HardwareConfig, parallel: Parallel,
               classes: dict[str, str] | None = None, tokens: int = 0, requests: int = 0, decodes: int = 0, *,
               launch: tuple[str, int] = ("eager", 0), precisions: dict[str, str] | None = None) -> StepTime:
-    """The step's time: each cost name a pass of its own, one after the other on one stream, at max(FLOPs /
-    (peak·eff), bytes / (bandwidth·eff)) with its kernel class's efficiency and the peak of the precision the
-    class computes in (`precisions`); the launches of a step launched as `launch` = (mode, graph replays:
-    `graphs.Graphs`); the collectives, each all-reduce with the algorithm vLLM picks for its size; the host's
-    overhead (per step, per token of the `tokens`, per request of the `requests` and per decode of the `decodes`
-    the step schedules)."""
+    """The step's time: each cost name a pass of its own, one after the other on one stream, at max(FLOPs / (peak·eff),
+    bytes / (bandwidth·eff), kernels · kernel_floor_us) with its kernel class's efficiency and the peak of the precision
+    the class computes in (`precisions`); the launches of a step launched as `launch` = (mode, graph replays:
+    `graphs.Graphs`); the collectives, each all-reduce with the algorithm vLLM picks for its size; the host's overhead
+    (per step, per token of the `tokens`, per request of the `requests` and per decode of the `decodes` the step
+    schedules)."""
     _modelled(hw)
     mode, replays = launch
     parts = pass_times(costs, hw, parallel, classes, mode=mode, precisions=precisions)

@@ -6,8 +6,8 @@ concurrency or interactivity, or a ratio between two nodes at one configuration.
 ISL/OSL, parallelism, cache dtype, MTP) is simulated over a closed-loop concurrency sweep of fixed-length random
 prompts (`ablations.workload.fixed`), the way InferenceX and `vllm bench serve` run it, and the point's figure is
 read off the simulated sweep: at its concurrency, or interpolated on the simulated frontier at its interactivity
-(1 / median TPOT, tokens/s/user). No figure of the simulator is calibrated from these points: every one is held
-out.
+(1 / median TPOT, tokens/s/user). A point marked `calibrates: <figure>` set that figure (`python -m ablations.sim
+calibrate`, `calibrate_points.py`): it is reported apart, and the summary's errors are the held-out points'.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class Point:
     `precision` the weights; `reported_interactivity` and `reported_ttft_s`, the interactivity (1 / median TPOT)
     and median TTFT the source reports beside a figure at a concurrency: they say which part of the step a miss
     lies in (the decode steps, or the prefill). `source` (URL), `date`, `framework` and `quote` (the sentence or
-    table row the figure comes from) say where it was read."""
+    table row the figure comes from) say where it was read. `calibrates`: the hardware figure this point sets on
+    its platform (`calibrate_points.py`; empty: held out)."""
 
     id: str
     node: str
@@ -74,6 +75,7 @@ class Point:
     reported_interactivity: float | None = None
     reported_ttft_s: float | None = None
     note: str = ""
+    calibrates: str = ""
 
     def __post_init__(self) -> None:
         where = f"point {self.id!r}"
@@ -120,6 +122,7 @@ class Config:
     kv_dtype: str
     mtp: int
     alphas: tuple[float, ...]
+    figures: tuple[tuple[str, float], ...] = ()     # hardware figures set otherwise than the profile (calibration)
 
     @property
     def label(self) -> str:
@@ -169,7 +172,9 @@ def _setup(config: Config):
     from ablations.config import compose_app
 
     app = compose_app(["backend=sim", f"model={MODEL}", f"hardware={config.node}", f"backend.tp={config.tp}",
-                       f"backend.moe={config.moe}", f"backend.kv_dtype={config.kv_dtype}"])
+                       f"backend.moe={config.moe}", f"backend.kv_dtype={config.kv_dtype}",
+                       *(o for key, value in config.figures
+                         for o in (f"hardware.{key}={value!r}", f"++hardware.sources.{key}='calibrating'"))])
     # fixed lengths share nothing: no trace is needed to build the engine (draft_length on is never used here)
     return sim_setup(app.backend, MODEL, app.hardware, toggles(config, app.hardware.platform)), app.backend.seed
 
@@ -302,13 +307,17 @@ def orderings(rows: Sequence[Row]) -> list[tuple[str, str, str, float, float, bo
 
 
 def summary(rows: Sequence[Row]) -> dict[str, Any]:
-    """Median and worst absolute error over the (held-out) points, how many are within `GOAL`, the orderings."""
-    errors = [abs(r.error) for r in rows if not math.isnan(r.simulated)]
-    worst = max(rows, key=lambda r: abs(r.error) if not math.isnan(r.simulated) else -1.0)
+    """Median and worst absolute error over the held-out points, how many are within `GOAL`, the calibration
+    points' errors, the orderings."""
+    held = [r for r in rows if not r.point.calibrates]
+    errors = [abs(r.error) for r in held if not math.isnan(r.simulated)]
+    worst = max(held, key=lambda r: abs(r.error) if not math.isnan(r.simulated) else -1.0, default=None)
     orders = orderings(rows)
-    return {"points": len(rows), "compared": len(errors), "held_out": len(rows), "calibrated_from": 0,
+    return {"points": len(rows), "compared": len(errors), "held_out": len(held),
+            "calibrated_from": len(rows) - len(held),
+            "calibration_errors": {r.point.id: r.error for r in rows if r.point.calibrates},
             "median_abs_error": statistics.median(errors) if errors else math.nan,
-            "worst_abs_error": max(errors) if errors else math.nan, "worst": worst.point.id,
+            "worst_abs_error": max(errors) if errors else math.nan, "worst": worst.point.id if worst else "",
             "within_goal": sum(e <= GOAL for e in errors), "orderings": len(orders),
             "orderings_reproduced": sum(o[-1] for o in orders)}
 
@@ -344,7 +353,8 @@ def table(rows: Sequence[Row]) -> str:
         p = r.point
         node = f"{p.node} / {p.vs}" if p.metric == "ratio" else p.node
         metric = f"ratio of {p.ratio_of}" if p.metric == "ratio" else p.metric
-        lines.append(f"| {p.id} | {node} | {FixedLengths(p.isl, p.osl, 1).label} | {p.mtp or 'off'} | {p.where} | "
+        name = f"{p.id} (calibrates {p.calibrates})" if p.calibrates else p.id
+        lines.append(f"| {name} | {node} | {FixedLengths(p.isl, p.osl, 1).label} | {p.mtp or 'off'} | {p.where} | "
                      f"{metric} | {_fmt(p.value, p.metric)} | {_fmt(r.simulated, p.metric)} | "
                      f"{'n/a' if math.isnan(r.simulated) else f'{r.ratio:.2f}'} | "
                      f"{'n/a' if math.isnan(r.simulated) else f'{r.error:+.1%}'} | "
@@ -356,8 +366,13 @@ def table(rows: Sequence[Row]) -> str:
         lines += [f"| {what} | {a} | {b} | {pub:.2f}x | {sim:.2f}x | {'yes' if ok else 'no'} |"
                   for what, a, b, pub, sim, ok in orders]
     s = summary(rows)
-    lines += ["", f"{s['compared']} of {s['points']} points compared, all held out (no figure calibrated from them): "
-              f"median absolute error {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
+    if s["calibrated_from"]:
+        calibration = ", ".join(f"{k} {e:+.1%}" for k, e in s["calibration_errors"].items())
+        held = (f"{s['compared']} of {s['held_out']} held-out points compared ({s['calibrated_from']} more set a "
+                f"figure, `python -m ablations.sim calibrate`: {calibration})")
+    else:
+        held = f"{s['compared']} of {s['points']} points compared, all held out (no figure calibrated from them)"
+    lines += ["", f"{held}: median absolute error {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%} "
               f"({s['worst']}); {s['within_goal']} within {GOAL:.0%}; node-against-node orderings reproduced "
               f"{s['orderings_reproduced']} of {s['orderings']}"]
     return "\n".join(lines)

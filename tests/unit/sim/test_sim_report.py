@@ -89,6 +89,7 @@ def test_explain_breaks_each_step_into_parts_that_add_up(capsys):
     out = capsys.readouterr().out
     assert "b300_x8 (all_off, K = 3), decode: 6 requests x 4 tokens" in out and "all_reduce flashinfer" in out
     assert "launches full" in out and "launches piecewise" not in out      # the 8,192-token chunk: past 1,024
+    assert "ms of it the kernel floor)" in out and sum(decode.floor_s.values()) > 0
     assert sim.main(["explain", "--hardware", "nope"]) == 2
 
 

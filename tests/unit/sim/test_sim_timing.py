@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from ablations.backends.sim.cost import Cost, Parallel, Seq, SimModel, step_costs
-from ablations.backends.sim.timing import cache_capacity_gb, kernel_class, roofline_s, step_time
+from ablations.backends.sim.timing import cache_capacity_gb, kernel_class, pass_times, roofline_s, step_time
 from ablations.config import compose_app
 from ablations.hardware import HardwareConfig
 
@@ -74,7 +74,7 @@ def test_the_weights_fit_check_keeps_the_reserve():
 def test_a_decode_step_is_mostly_weights_and_the_host():
     """64 decodes at 8k tokens on MI355X: weights are most of the bytes, and the step is bandwidth bound: its
     kernels take what their bytes take at each class's efficiency, within the launches and all-reduces."""
-    hw, parallel = node("mi355x_x8"), Parallel(tp=8)
+    hw, parallel = dataclasses.replace(node("mi355x_x8"), kernel_floor_us=0.0), Parallel(tp=8)
     costs = step_costs(SimModel(), parallel, [Seq(1, 8192, "decode")] * 64)
     total = Cost.total(costs.values())
     assert total.weight_bytes > 0.5 * total.bytes
@@ -82,6 +82,24 @@ def test_a_decode_step_is_mostly_weights_and_the_host():
     by_bytes = sum(c.bytes / (8e12 * hw.efficiency[kernel_class(name)]) for name, c in costs.items())
     assert t.kernels_s <= by_bytes and t.kernels_s >= 0.9 * by_bytes
     assert t.host_s == pytest.approx(hw.host_overhead_us * 1e-6) and t.launch_s == pytest.approx(total.kernels * 5e-6)
+
+
+@pytest.mark.parametrize("hardware", NODES)
+def test_a_pass_takes_at_least_its_kernels_at_the_floor(hardware):
+    """kernel_floor_us: a pass of n kernels takes max(its roofline at its class's efficiency, n x the floor); at
+    one decode the small passes sit on the floor, at 0 the floor is off."""
+    hw, parallel = node(hardware), Parallel(tp=8)
+    assert hw.kernel_floor_us > 0
+    costs = step_costs(SimModel(), parallel, [Seq(1, 2000, "decode")])
+    off = dataclasses.replace(hw, kernel_floor_us=0.0)
+    floored = {p.name: p.kernels_s for p in pass_times(costs, hw, parallel)}
+    plain = {p.name: p.kernels_s for p in pass_times(costs, off, parallel)}
+    for name, cost in costs.items():
+        assert floored[name] == pytest.approx(max(plain[name], cost.kernels * hw.kernel_floor_us * 1e-6), rel=1e-12)
+    for part in pass_times(costs, hw, parallel):         # what explain prints as the floor's share
+        assert part.floor_s == pytest.approx(floored[part.name] - plain[part.name], rel=1e-9, abs=1e-15)
+    assert any(floored[n] > plain[n] for n in costs)
+    assert step_time(costs, hw, parallel).kernels_s == pytest.approx(sum(floored.values()), rel=1e-12)
 
 
 def test_unknown_names_and_missing_profile_values_are_named():

@@ -3,6 +3,7 @@ and in the direction the mechanism predicts; kda_overlap changes nothing without
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 
 import pytest
@@ -15,7 +16,8 @@ from ablations.backends.sim.step_model import DecodeSeconds, StepModel, exact_co
 from ablations.backends.sim.timing import kernel_class, step_time
 from ablations.config import compose_app
 from ablations.workload import load_workload
-from opts.draft_length.chooser import goodput
+from opts.draft_length.chooser import bucket_batch, goodput
+from opts.draft_length.schedule import MAX_BATCH_SIZE, MAX_NUM_SEQS, buckets
 from opts.registry import OPTIMIZATIONS, make_config
 
 CONCURRENCY = 3        # the default case's bracket of 50 tok/s/user lies between 3 and 4 live sessions
@@ -80,9 +82,12 @@ def test_kda_overlap_streams_runs_the_two_passes_of_a_mixed_step_at_once():
     """On two streams a step's recurrent (verification) and chunked (prefill) KDA passes share the node: one pass's
     time over both passes' FLOPs and bytes instead of the two one after the other. At K3's shapes both are
     bandwidth-bound on MI355X, so the model sees no gain there (it has no notion of occupancy); where the chunked
-    pass is compute-bound (a node with 1/50 of MI355X's FLOPs) the recurrent pass hides behind it."""
+    pass is compute-bound (a node with 1/50 of MI355X's FLOPs) the recurrent pass hides behind it. (With the
+    node's kernel floor the recurrent pass's few small kernels sit on it and hide behind the prefill's bytes: the
+    no-gain case is read without the floor.)"""
     assert setup(kda_overlap="streams").steps.mech.kda_streams
     hw, _ = default_case()
+    hw = dataclasses.replace(hw, kernel_floor_us=0.0)
     m, p = SimModel(), Parallel()
     costs = exact_costs(m, p, MIXED_STEP, 3)
     for node, gains in ((hw, False), (scaled(hw, "peak_bf16_tflops", 0.02), True)):
@@ -157,8 +162,10 @@ def test_moe_dedup_sp_splits_the_moe_tokens_and_holds_the_whole_shared_mlp():
     assert sp.steps.models[3].time(decode) > off.steps.models[3].time(decode)
 
 
-def setup(**modes: str):
+def setup(floor: bool = True, **modes: str):
+    """The default case's setup with the toggles at `modes` (the rest off); without the node's kernel `floor`."""
     hw, trace = default_case()
+    hw = hw if floor else dataclasses.replace(hw, kernel_floor_us=0.0)
     toggles = {name: make_config(name, mode=modes.get(name, "off")) for name in OPTIMIZATIONS}
     return sim_setup(SimBackendConfig(), "kimi_k3", hw, toggles, trace)
 
@@ -177,12 +184,14 @@ def test_fusion_on_saves_launches_and_more_of_them_without_speculation():
     MTP passes, below the seed spread of the default result: a launch each in a step that prefills (eager on ROCm),
     a graph node each in a decode step (a replayed graph). Without speculation every decode-only step also runs one
     KDA decode kernel instead of five per layer, and streams less: the default case's throughput and interactivity
-    rise."""
+    rise. (Read without the kernel floor, which the fewer kernels lower too: with it, they save more.)"""
     hw, _ = default_case()
     launch, node = hw.launch_us * 1e-6, hw.graph_node_us * 1e-6
-    speculative = [setup(fusion=m).steps.models[3] for m in ("off", "on")]
+    speculative = [setup(floor=False, fusion=m).steps.models[3] for m in ("off", "on")]
+    floored = [setup(fusion=m).steps.models[3] for m in ("off", "on")]
     for step, each in ((MIXED_STEP, launch), (VERIFY_STEP, node)):
         assert speculative[0].time(step) - speculative[1].time(step) == pytest.approx((24 + 3) * each, rel=1e-6)
+        assert floored[0].time(step) - floored[1].time(step) > (24 + 3) * each
     plain = [setup(fusion=m, draft_length="k0").steps.models[0] for m in ("off", "on")]
     assert plain[0].time(DECODE_STEP) - plain[1].time(DECODE_STEP) > (24 + 69 * 4) * node
     plain_off, plain_on = point(draft_length="k0"), point(draft_length="k0", fusion="on")
@@ -200,14 +209,17 @@ def fixed_k_model(k: int):
 
 def test_draft_length_on_runs_the_k_its_chooser_picks_on_the_simulated_node():
     """The cell's schedule is, at each batch size, the K of the most accepted tokens per second, b E(K) / c(b, K) on
-    the node's own step times; and those K differ by batch (more requests touch more experts, so a draft costs
-    more, until every expert is read anyway)."""
+    the node's own step times, scored where the chooser scores the batch's bucket (its geometric midpoint); and
+    those K differ by batch (more requests touch more experts, so a draft costs more, until every expert is read
+    anyway)."""
     steps = setup(draft_length="on").steps
     _, trace = default_case()
     models = {0: setup(draft_length="k0").steps.models[0], **{k: fixed_k_model(k) for k in range(1, 9)}}
     cost = DecodeSeconds(models, mean_context(trace))
     for batch in (1, 2, 4, 6, 16):
-        best = max(range(9), key=lambda k: goodput(cost, (0.8,) * 8, batch, k))
+        lo, hi = next((lo, hi) for lo, hi in buckets(MAX_BATCH_SIZE, MAX_NUM_SEQS) if lo <= batch <= hi)
+        at = bucket_batch(lo, hi, MAX_BATCH_SIZE)
+        best = max(range(9), key=lambda k: goodput(cost, (0.8,) * 8, at, k))
         assert steps.k(batch) == best, batch
     assert len({steps.k(b) for b in (1, 4, 16)}) > 1
     assert setup(draft_length="on", fusion="on").steps.mech.fused_kda_decode is False
