@@ -380,9 +380,9 @@ def table(rows: Sequence[Row]) -> str:
 
 def plot(rows: Sequence[Row], runs: dict[Config, list[dict[str, Any]]], path: str | os.PathLike) -> Path:
     """The frontiers: per ISL/OSL and MTP, each node's simulated total throughput per GPU against interactivity
-    (a line through its concurrencies) and the published total-throughput points over it (stars, at the
-    interactivity their source reports, else at the simulated one of their concurrency; ratios are in the
-    table)."""
+    (a line through its concurrencies) and the published total-throughput points over it (stars; diamonds for the
+    points a calibration used; at the interactivity their source reports, else at the simulated one of their
+    concurrency; ratios are in the table)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -405,8 +405,9 @@ def plot(rows: Sequence[Row], runs: dict[Config, list[dict[str, Any]]], path: st
             x = p.interactivity or p.reported_interactivity
             if x is None:
                 x = next(c["interactivity"] for c in runs[p.config()] if c["concurrency"] == p.concurrency)
-            ax.plot([x], [p.value], marker="*", ms=11, ls="", color=colors.get(p.node, "k"),
-                    markeredgecolor="k", label=f"{p.node} published")
+            ax.plot([x], [p.value], marker="D" if p.calibrates else "*", ms=7 if p.calibrates else 11, ls="",
+                    color=colors.get(p.node, "k"), markeredgecolor="k",
+                    label=f"{p.node} published{' (calibrates)' if p.calibrates else ''}")
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles, strict=True))
         ax.legend(unique.values(), unique.keys(), fontsize=7)
