@@ -17,8 +17,8 @@ from opts.aiter_mla.cases import bench_cases
 from opts.aiter_mla.config import AiterMLAConfig
 from opts.aiter_mla.dispatch import BACKENDS, make_decode, select_backend, vendor_backend
 from opts.aiter_mla.inputs import DecodeInputs, make_inputs
-from opts.aiter_mla.mla import K3_TP8, MLAShape, absorb_query, decode_bytes, decode_flops, up_project
 from opts.base import Optimization
+from opts.k3.mla import K3_TP8, MLAShape, absorb_query, decode_bytes, decode_flops, up_project
 
 __all__ = [
     "BACKENDS",

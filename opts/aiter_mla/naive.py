@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from opts.aiter_mla import split_kv
-from opts.aiter_mla.mla import (
+from opts.k3.mla import (
     K3_TP8,
     MLAShape,
     absorb_query,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from opts.aiter_mla.mla import K3_TP8, MLAShape, absorbed_decode
+from opts.k3.mla import K3_TP8, MLAShape, absorbed_decode
 
 
 def decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import torch
 
-from opts.aiter_mla.mla import K3_TP8, MLAShape, absorbed_decode
+from opts.k3.mla import K3_TP8, MLAShape, absorbed_decode
 from opts.vllm_import import hide_media_wheels
 
 BLOCK_SIZE = 16

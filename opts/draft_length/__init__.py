@@ -3,8 +3,9 @@ bucket that maximizes expected accepted tokens per second (on), or no speculatio
 
 The acceptance model is `acceptance.py` (E(K), conditional and cumulative rates), the step cost `cost.py`, the
 chooser `chooser.py` over vLLM's schedule form `schedule.py`; off is `naive.py`; the float64 references are
-`reference.py`. The bench (`cases.py`, `runner.py`) times a tiny K3-like stack (`stack.py`, `mla.py`) on the CPU
-(`measure.py`) and scores chosen against fixed K on held-out repeats (`evaluate.py`). In vLLM: `vllm.py`.
+`reference.py`. The bench (`cases.py`, `runner.py`) times a tiny K3-like stack (`stack.py`, its MLA
+`opts/k3/mla.py`) on the CPU (`measure.py`) and scores chosen against fixed K on held-out repeats
+(`evaluate.py`). In vLLM: `vllm.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """float64 references: E(K) by enumerating every accept/reject outcome, a seeded sampler of accepted drafts, the
-best K per batch size by exhaustive search, and the measured stack's MLA with its latents decompressed."""
+best K per batch size by exhaustive search (the measured stack's MLA reference: `opts.k3.mla.expanded_attention`)."""
 
 from __future__ import annotations
 
@@ -54,22 +54,3 @@ def best_k_exhaustive(cost: StepCost, alphas: Sequence[float], batch: int, ks: S
         if value > best_value:
             best, best_value = k, value
     return best
-
-
-def mla_expanded(q_nope: torch.Tensor, q_rope: torch.Tensor, latents: torch.Tensor, w_uk: torch.Tensor,
-                 w_uv: torch.Tensor, num_new: int, scale: float) -> torch.Tensor:
-    """MLA with its latents decompressed, in float64: keys k = [c W_uk^h ; rope slot], values v = c W_uv^h.
-
-    q_nope [b, T, H, dn], q_rope [b, T, H, dr], latents [b, S, kv_lora + dr] (the last `num_new` = T rows are
-    the new tokens', causal), w_uk [H, kv_lora, dn], w_uv [H, kv_lora, dv]. Returns [b, T, H, dv]."""
-    q_nope, q_rope, latents, w_uk, w_uv = (x.to(torch.float64) for x in (q_nope, q_rope, latents, w_uk, w_uv))
-    rank = w_uk.shape[1]
-    c, rope = latents[..., :rank], latents[..., rank:]
-    keys = torch.einsum("bsr,hrd->bshd", c, w_uk)
-    values = torch.einsum("bsr,hrd->bshd", c, w_uv)
-    scores = (torch.einsum("bthd,bshd->bhts", q_nope, keys) + torch.einsum("bthd,bsd->bhts", q_rope, rope)) * scale
-    context = latents.shape[1] - num_new
-    t = torch.arange(num_new)[:, None]
-    s = torch.arange(latents.shape[1])[None, :]
-    scores = scores.masked_fill(s > context + t, float("-inf"))
-    return torch.einsum("bhts,bshd->bthd", scores.softmax(-1), values)

@@ -2,7 +2,7 @@
 
 Decoder layers: KDA (short conv, L2-normalised q/k, per-channel forget gate, beta gate, the recurrence from the
 cached state keeping every position's state as speculative verification does, gated RMSNorm) or absorbed MLA
-(`mla.py`), each followed by a latent MoE (router top-k, routed SwiGLU experts in a narrower latent, one shared
+(`opts/k3/mla.py`), each followed by a latent MoE (router top-k, routed SwiGLU experts in a narrower latent, one shared
 SwiGLU expert). The MTP head is K3's: embedding and hidden state normed, joined by eh_proj, one MLA decoder
 layer, the shared LM head.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from opts.draft_length.mla import EPS, MlaWeights
 from opts.k3 import K3, K3Spec, gated_rms_norm, kda_gate, l2_normalize, recurrent_kda_states, rms_norm_fp32
+from opts.k3.mla import EPS, MlaWeights
 
 MEASURE_SPEC = K3Spec(
     name="k3_draft_measure", num_layers=8, num_kda_layers=6, hidden=1024,

@@ -1,5 +1,6 @@
-"""Kimi K3's dimensions: one spec type, the full model and the tiny one the vLLM backend serves. The same type
-describes a model built from a subset of K3's parts (the simulator's DeepSeek-R1: MLA and a plain MoE only)."""
+"""Kimi K3's dimensions: one spec type and the full model (the tiny one the vLLM backend serves: `tiny.py`).
+The same type describes a model built from a subset of K3's parts (the simulator's DeepSeek-R1: MLA and a plain
+MoE only)."""
 
 from __future__ import annotations
 
@@ -109,12 +110,4 @@ K3 = K3Spec(
     kda_heads=96, kda_head_dim=128, conv_width=4,
     num_experts=896, num_shared_experts=2, experts_per_token=16, expert_latent=3584, moe_intermediate=3072,
     attn_res_block=12, mtp_layers=1,
-)
-
-K3_TINY = K3Spec(
-    name="k3_tiny", num_layers=4, num_kda_layers=2, hidden=256,
-    mla_heads=4, q_lora_rank=128, kv_lora_rank=512, rope_dim=64, qk_nope_dim=64, v_head_dim=64,
-    kda_heads=4, kda_head_dim=64, conv_width=4,
-    num_experts=8, num_shared_experts=1, experts_per_token=2, expert_latent=128, moe_intermediate=128,
-    attn_res_block=2, mtp_layers=1,
 )

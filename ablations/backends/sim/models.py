@@ -5,7 +5,8 @@ MTP), which the check against published GPU results runs (`python -m ablations.s
 from __future__ import annotations
 
 from ablations.backends.sim.cost import FP8_BLOCK_BYTES, SimModel
-from opts.k3 import K3_TINY, K3Spec
+from opts.k3 import K3_TINY, TINY_CONFIG, K3Spec
+from opts.k3.tiny import DTYPE_BYTES
 
 # DeepSeek-R1's config.json (deepseek-ai/DeepSeek-R1 on Hugging Face; the same sizes as DeepSeek-V3): 61 layers,
 # the first 3 dense (`first_k_dense_replace`), every layer MLA with q-LoRA, 256 routed experts of intermediate
@@ -21,10 +22,13 @@ DEEPSEEK_R1 = K3Spec(
 
 MODELS: dict[str, SimModel] = {
     "kimi_k3": SimModel(),
-    # k3_tiny as conf/model/k3_tiny.yaml builds it for vLLM-CPU: fp32 everywhere, a 1,024-token vocabulary, a
-    # 512-wide dense FFN in layer 1.
-    "k3_tiny": SimModel(spec=K3_TINY, vocab_size=1024, dense_intermediate=512, weight_bytes=4.0, expert_bytes=4.0,
-                        kv_bytes=4.0, conv_bytes=4.0, act_bytes=4.0),
+    # k3_tiny as vLLM-CPU serves it (opts/k3/tiny.py): every tensor in its dtype (fp32), its vocabulary, its dense
+    # FFN in the first layers.
+    "k3_tiny": SimModel(spec=K3_TINY, vocab_size=TINY_CONFIG["vocab_size"],
+                        dense_intermediate=TINY_CONFIG["intermediate_size"],
+                        num_dense_layers=TINY_CONFIG["first_k_dense_replace"],
+                        **dict.fromkeys(("weight_bytes", "expert_bytes", "kv_bytes", "conv_bytes", "act_bytes"),
+                                        DTYPE_BYTES[TINY_CONFIG["dtype"]])),
     # DeepSeek-R1 as its checkpoint ships: every linear layer block-scaled FP8 (`weight_block_size` [128, 128]; the
     # router, embedding and LM head bf16: the router's 256 outputs are counted at the GEMMs' bytes, a rounding of
     # 0.03% of a layer), a vocabulary of 129,280, a dense FFN of 18,432 in its first 3 layers; the MTP layer an

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from opts.base import check_known_fields
+from opts.k3 import TINY_CONFIG as TINY
 
 ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")
 DTYPES = ("float32", "bfloat16")
@@ -59,7 +60,7 @@ def check_types(obj: Any) -> None:
 
 @dataclass
 class ModelConfig:
-    """A tiny K3-family model: KDA and MLA layers mixed, latent MoE, MTP head.
+    """A tiny K3-family model: KDA and MLA layers mixed, latent MoE, MTP head (defaults: `opts.k3.TINY_CONFIG`).
 
     `kda_layers` are 1-based (the checkpoint convention); every other layer is MLA. `checkpoint` (a local path
     or a Hugging Face id) serves that real checkpoint instead, whose own config.json then defines the model
@@ -69,38 +70,38 @@ class ModelConfig:
 
     name: str = "k3_tiny"
     checkpoint: str = ""
-    architecture: str = "KimiK3ForConditionalGeneration"
-    dtype: str = "float32"
-    seed: int = 0
-    vocab_size: int = 1024
-    hidden_size: int = 256
-    intermediate_size: int = 512
-    num_hidden_layers: int = 4
-    kda_layers: list[int] = field(default_factory=lambda: [1, 3])
-    kda_num_heads: int = 4
-    kda_head_dim: int = 64
-    short_conv_kernel_size: int = 4
-    use_full_rank_gate: bool = True
-    gate_lower_bound: float | None = None
-    num_attention_heads: int = 4
-    q_lora_rank: int | None = 128
-    kv_lora_rank: int = CPU_MLA_KV_LORA_RANK
-    qk_nope_head_dim: int = 64
-    qk_rope_head_dim: int = CPU_MLA_ROPE_DIM
-    v_head_dim: int = 64
-    mla_use_output_gate: bool = True
-    num_experts: int | None = 8
-    num_experts_per_token: int = 2
-    num_shared_experts: int = 1
-    moe_intermediate_size: int = 128
-    first_k_dense_replace: int = 1
-    routed_expert_hidden_size: int | None = 128
-    latent_moe_use_norm: bool = True
-    routed_scaling_factor: float = 1.0
-    hidden_act: str = "silu"
-    attn_res_block_size: int | None = 2
-    num_nextn_predict_layers: int = 1
-    max_position_embeddings: int = 4096
+    architecture: str = TINY["architecture"]
+    dtype: str = TINY["dtype"]
+    seed: int = TINY["seed"]
+    vocab_size: int = TINY["vocab_size"]
+    hidden_size: int = TINY["hidden_size"]
+    intermediate_size: int = TINY["intermediate_size"]
+    num_hidden_layers: int = TINY["num_hidden_layers"]
+    kda_layers: list[int] = field(default_factory=lambda: list(TINY["kda_layers"]))
+    kda_num_heads: int = TINY["kda_num_heads"]
+    kda_head_dim: int = TINY["kda_head_dim"]
+    short_conv_kernel_size: int = TINY["short_conv_kernel_size"]
+    use_full_rank_gate: bool = TINY["use_full_rank_gate"]
+    gate_lower_bound: float | None = TINY["gate_lower_bound"]
+    num_attention_heads: int = TINY["num_attention_heads"]
+    q_lora_rank: int | None = TINY["q_lora_rank"]
+    kv_lora_rank: int = TINY["kv_lora_rank"]
+    qk_nope_head_dim: int = TINY["qk_nope_head_dim"]
+    qk_rope_head_dim: int = TINY["qk_rope_head_dim"]
+    v_head_dim: int = TINY["v_head_dim"]
+    mla_use_output_gate: bool = TINY["mla_use_output_gate"]
+    num_experts: int | None = TINY["num_experts"]
+    num_experts_per_token: int = TINY["num_experts_per_token"]
+    num_shared_experts: int = TINY["num_shared_experts"]
+    moe_intermediate_size: int = TINY["moe_intermediate_size"]
+    first_k_dense_replace: int = TINY["first_k_dense_replace"]
+    routed_expert_hidden_size: int | None = TINY["routed_expert_hidden_size"]
+    latent_moe_use_norm: bool = TINY["latent_moe_use_norm"]
+    routed_scaling_factor: float = TINY["routed_scaling_factor"]
+    hidden_act: str = TINY["hidden_act"]
+    attn_res_block_size: int | None = TINY["attn_res_block_size"]
+    num_nextn_predict_layers: int = TINY["num_nextn_predict_layers"]
+    max_position_embeddings: int = TINY["max_position_embeddings"]
 
     def __post_init__(self) -> None:
         if isinstance(self.kda_layers, Sequence) and not isinstance(self.kda_layers, str):

@@ -10,16 +10,21 @@ import pytest
 import torch
 import yaml
 
+from ablations.backends.sim.models import MODELS
+from ablations.backends.vllm.config import ModelConfig
 from opts.k3 import (
     K3,
     K3_TINY,
     L2_NORM_EPS,
+    TINY_CONFIG,
+    K3Spec,
     gated_rms_norm,
     kda_gate,
     l2_normalize,
     rms_norm_f64,
     rms_norm_fp32,
     rms_norm_native,
+    spec_from_config,
 )
 
 TINY_YAML = Path(__file__).parents[3] / "conf/model/k3_tiny.yaml"
@@ -32,17 +37,22 @@ def test_full_k3_sizes() -> None:
     assert (K3.mla_heads_per_rank(8), K3.kda_heads_per_rank(8), K3.kda_heads_per_rank(1)) == (12, 12, 96)
 
 
-def test_tiny_matches_its_model_config() -> None:
+def test_tiny_is_defined_once_and_every_place_derives_from_it() -> None:
+    assert K3Spec(
+        name="k3_tiny", num_layers=4, num_kda_layers=2, hidden=256,
+        mla_heads=4, q_lora_rank=128, kv_lora_rank=512, rope_dim=64, qk_nope_dim=64, v_head_dim=64,
+        kda_heads=4, kda_head_dim=64, conv_width=4,
+        num_experts=8, num_shared_experts=1, experts_per_token=2, expert_latent=128, moe_intermediate=128,
+        attn_res_block=2, mtp_layers=1,
+    ) == K3_TINY
     conf = yaml.safe_load(TINY_YAML.read_text())
-    names = {"num_layers": "num_hidden_layers", "hidden": "hidden_size", "mla_heads": "num_attention_heads",
-             "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "rope_dim": "qk_rope_head_dim",
-             "qk_nope_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim", "kda_heads": "kda_num_heads",
-             "kda_head_dim": "kda_head_dim", "conv_width": "short_conv_kernel_size", "num_experts": "num_experts",
-             "num_shared_experts": "num_shared_experts", "experts_per_token": "num_experts_per_token",
-             "expert_latent": "routed_expert_hidden_size", "attn_res_block": "attn_res_block_size",
-             "mtp_layers": "num_nextn_predict_layers"}
-    assert {ours: getattr(K3_TINY, ours) for ours in names} == {ours: conf[theirs] for ours, theirs in names.items()}
-    assert K3_TINY.num_kda_layers == len(conf["kda_layers"])
+    assert set(conf) == {"defaults", "name"}     # the YAML states no size: the schema's defaults are TINY_CONFIG
+    model = ModelConfig()
+    assert {k: getattr(model, k) for k in TINY_CONFIG} == {
+        k: list(v) if isinstance(v, tuple) else v for k, v in TINY_CONFIG.items()}
+    assert spec_from_config("k3_tiny", {**TINY_CONFIG, "hidden_size": 512}).hidden == 512
+    sim = MODELS["k3_tiny"]
+    assert (sim.spec, sim.vocab_size, sim.dense_intermediate, sim.weight_bytes) == (K3_TINY, 1024, 512, 4.0)
 
 
 def test_invalid_sizes_are_named() -> None:
@@ -82,8 +92,8 @@ def test_l2_normalize_and_gate() -> None:
 
 
 def test_packages_take_their_per_rank_sizes_from_the_spec() -> None:
-    from opts.aiter_mla.mla import K3_TP8, MLAShape
     from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
+    from opts.k3.mla import K3_TP8, MLAShape
     from opts.kda_overlap.cases import K3_HEAD_DIM, K3_HEADS
 
     assert K3_TP8 == MLAShape() == MLAShape(12, 512, 64, 128, 128)

@@ -21,7 +21,7 @@ from opts.aiter_mla import (
     vendor_backend,
     vllm_cpu,
 )
-from opts.aiter_mla.mla import K3_TP8, absorb_query
+from opts.k3.mla import K3_TP8, absorb_query
 
 
 @pytest.mark.parametrize(("mode", "on_backend", "device", "is_hip", "expected"), [

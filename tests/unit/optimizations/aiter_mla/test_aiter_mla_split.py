@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opts.aiter_mla import make_inputs, split_kv
-from opts.aiter_mla.mla import K3_TP8, absorb_query
+from opts.k3.mla import K3_TP8, absorb_query
 
 
 def test_plan_tiles_cover_each_context_once_and_read_only_owned_blocks() -> None:

@@ -22,7 +22,7 @@ import opts.aiter_mla
 from opts.aiter_mla import naive, split_kv, vllm
 from opts.aiter_mla.config import AiterMLAConfig
 from opts.aiter_mla.inputs import make_inputs
-from opts.aiter_mla.mla import absorb_query
+from opts.k3.mla import absorb_query
 from opts.vllm_setting import PLATFORMS
 
 ATOL = RTOL = 1e-5

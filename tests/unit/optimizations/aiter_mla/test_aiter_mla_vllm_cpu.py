@@ -17,8 +17,8 @@ import torch
 
 from opts.aiter_mla import AiterMLAConfig, DecodeInputs, make_decode, make_inputs, reference, vllm_cpu
 from opts.aiter_mla.cases import ATOL, RTOL, DecodeCase
-from opts.aiter_mla.mla import K3_TP8, absorb_query
 from opts.bench import checked_pair
+from opts.k3.mla import K3_TP8, absorb_query
 
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 

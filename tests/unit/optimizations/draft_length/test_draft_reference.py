@@ -1,5 +1,4 @@
-"""The closed form E(K) against enumeration of every outcome and against seeded sampling; the absorbed MLA of the
-measured stack against the float64 MLA with decompressed latents."""
+"""The closed form E(K) against enumeration of every outcome and against seeded sampling."""
 
 import random
 
@@ -7,8 +6,7 @@ import pytest
 import torch
 
 from opts.draft_length.acceptance import expected_tokens, profile_alphas, to_cumulative
-from opts.draft_length.mla import absorbed_attention
-from opts.draft_length.reference import enumerated_expected_tokens, mla_expanded, sample_accepted
+from opts.draft_length.reference import enumerated_expected_tokens, sample_accepted
 
 
 def random_profiles(num: int, seed: int = 0):
@@ -57,29 +55,3 @@ def test_sampling_bad_input():
         sample_accepted([0.5], -1, 10, torch.Generator())
     with pytest.raises(ValueError, match=r"num: invalid value -3"):
         sample_accepted([0.5], 1, -3, torch.Generator())
-
-
-def mla_inputs(dtype, seed=0, b=3, t=4, context=9, heads=2, rank=16, dn=8, dr=4, dv=8):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, t, heads, dn, generator=g, dtype=dtype),
-            torch.randn(b, t, heads, dr, generator=g, dtype=dtype),
-            torch.randn(b, context + t, rank + dr, generator=g, dtype=dtype),
-            torch.randn(heads, rank, dn, generator=g, dtype=dtype) / 4,
-            torch.randn(heads, rank, dv, generator=g, dtype=dtype) / 4, t, 0.3)
-
-
-def test_absorbed_mla_equals_the_expanded_reference():
-    inputs = mla_inputs(torch.float64)
-    torch.testing.assert_close(absorbed_attention(*inputs), mla_expanded(*inputs), rtol=1e-12, atol=1e-12)
-    fp32 = mla_inputs(torch.float32)
-    torch.testing.assert_close(absorbed_attention(*fp32).double(), mla_expanded(*fp32), rtol=1e-4, atol=1e-5)
-
-
-def test_mla_rows_only_see_the_context_and_earlier_new_tokens():
-    q_nope, q_rope, latents, w_uk, w_uv, t, scale = mla_inputs(torch.float64)
-    out = absorbed_attention(q_nope, q_rope, latents, w_uk, w_uv, t, scale)
-    changed = latents.clone()
-    changed[:, -1] += 5.0   # the last new token's latent: only the last row may move
-    moved = absorbed_attention(q_nope, q_rope, changed, w_uk, w_uv, t, scale)
-    torch.testing.assert_close(moved[:, :-1], out[:, :-1], rtol=0, atol=0)
-    assert not torch.allclose(moved[:, -1], out[:, -1])

@@ -1,4 +1,10 @@
-"""K3's MLA decode shapes and the parts every decode path shares: input checks, W_UK absorption, W_UV."""
+"""K3's absorbed MLA, the one home of it: the decode shapes and the parts every paged decode path shares (input
+checks, W_UK absorption, W_UV; aiter_mla's kernels), and the dense causal form over a latent cache with one layer's
+weights and its float64 expanded reference (draft_length's measured stack).
+
+Absorbed: queries are carried into the latent space (q W_uk^h), attend over the cached latents [c ; rope slot]
+directly, and the result leaves through W_uv^h. Weights in vLLM's layout: w_uk [H, qk_nope, kv_lora],
+w_uv [H, v_head, kv_lora]. No rotary in the dense form (K3 keeps the 64-wide rope slot without rotating it)."""
 
 from __future__ import annotations
 
@@ -7,8 +13,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from opts.k3 import K3, TP, K3Spec
-from opts.k3.spec import mla_latent_dim, mla_softmax_scale
+from opts.k3.norms import rms_norm_fp32
+from opts.k3.spec import K3, TP, K3Spec, mla_latent_dim, mla_softmax_scale
+
+EPS = 1e-6   # the q / kv RMSNorms' epsilon
 
 
 @dataclass(frozen=True)
@@ -173,3 +181,83 @@ def decode_bytes(shape: MLAShape, context_lens: list[int], elem_bytes: int) -> i
     weights = h * shape.kv_lora_rank * (shape.qk_nope_dim + shape.v_head_dim)
     activations = batch * h * (shape.qk_nope_dim + shape.rope_dim + shape.v_head_dim)
     return (latent + weights + activations) * elem_bytes
+
+
+def absorbed_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latents: torch.Tensor, w_uk: torch.Tensor,
+                       w_uv: torch.Tensor, num_new: int, scale: float) -> torch.Tensor:
+    """Attention of the last `num_new` rows of `latents` (causal) over all of them, in the latent space.
+
+    q_nope [b, T, H, dn], q_rope [b, T, H, dr], latents [b, S, kv_lora + dr], w_uk [H, dn, kv_lora],
+    w_uv [H, dv, kv_lora]. Returns [b, T, H, dv]."""
+    rank = w_uk.shape[2]
+    q_latent = torch.einsum("bthd,hdr->bthr", q_nope, w_uk)
+    scores = torch.einsum("bthl,bsl->bhts", torch.cat([q_latent, q_rope], dim=-1), latents) * scale
+    context = latents.shape[1] - num_new
+    t = torch.arange(num_new, device=latents.device)[:, None]
+    s = torch.arange(latents.shape[1], device=latents.device)[None, :]
+    scores = scores.masked_fill(s > context + t, float("-inf"))
+    out_latent = torch.einsum("bhts,bsr->bthr", scores.softmax(-1), latents[..., :rank])
+    return torch.einsum("bthr,hdr->bthd", out_latent, w_uv)
+
+
+def expanded_attention(q_nope: torch.Tensor, q_rope: torch.Tensor, latents: torch.Tensor, w_uk: torch.Tensor,
+                       w_uv: torch.Tensor, num_new: int, scale: float) -> torch.Tensor:
+    """`absorbed_attention`'s float64 reference, its latents decompressed: keys k = [c W_uk^h ; rope slot],
+    values v = c W_uv^h (same arguments and shapes)."""
+    q_nope, q_rope, latents, w_uk, w_uv = (x.to(torch.float64) for x in (q_nope, q_rope, latents, w_uk, w_uv))
+    rank = w_uk.shape[2]
+    c, rope = latents[..., :rank], latents[..., rank:]
+    keys = torch.einsum("bsr,hdr->bshd", c, w_uk)
+    values = torch.einsum("bsr,hdr->bshd", c, w_uv)
+    scores = (torch.einsum("bthd,bshd->bhts", q_nope, keys) + torch.einsum("bthd,bsd->bhts", q_rope, rope)) * scale
+    context = latents.shape[1] - num_new
+    t = torch.arange(num_new)[:, None]
+    s = torch.arange(latents.shape[1])[None, :]
+    scores = scores.masked_fill(s > context + t, float("-inf"))
+    return torch.einsum("bhts,bshd->bthd", scores.softmax(-1), values)
+
+
+@dataclass(frozen=True)
+class MlaWeights:
+    """One MLA layer's weights (fp32): hidden -> q-LoRA -> heads (nope + rope), hidden -> latent (kv-LoRA + rope)."""
+
+    wq_a: torch.Tensor    # [hidden, q_lora]
+    q_norm: torch.Tensor  # [q_lora]
+    wq_b: torch.Tensor    # [q_lora, heads * (dn + dr)]
+    wkv_a: torch.Tensor   # [hidden, kv_lora + dr]
+    kv_norm: torch.Tensor  # [kv_lora]
+    w_uk: torch.Tensor    # [heads, dn, kv_lora]
+    w_uv: torch.Tensor    # [heads, dv, kv_lora]
+    w_gate: torch.Tensor  # [hidden, heads * dv]
+    w_o: torch.Tensor     # [heads * dv, hidden]
+
+    @classmethod
+    def random(cls, hidden: int, heads: int, q_lora: int, kv_lora: int, dn: int, dr: int, dv: int,
+               generator: torch.Generator) -> MlaWeights:
+        """Random weights scaled so activations stay O(1) (W_uk, W_uv by 1/sqrt(kv_lora))."""
+        def w(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=generator) / shape[-2] ** 0.5
+
+        return cls(w(hidden, q_lora), torch.ones(q_lora), w(q_lora, heads * (dn + dr)), w(hidden, kv_lora + dr),
+                   torch.ones(kv_lora), w(heads, kv_lora, dn).transpose(1, 2).contiguous(),
+                   w(heads, kv_lora, dv).transpose(1, 2).contiguous(), w(hidden, heads * dv), w(heads * dv, hidden))
+
+    @property
+    def latent_dim(self) -> int:
+        return self.wkv_a.shape[1]
+
+    def forward(self, x: torch.Tensor, latents: torch.Tensor, start: int) -> torch.Tensor:
+        """x [b, T, hidden]: write its T latents at rows start..start+T of `latents` [b, S, kv_lora + dr] and attend
+        causally over rows 0..start+T. Returns [b, T, hidden]."""
+        b, t, _ = x.shape
+        heads, dn, kv_lora = self.w_uk.shape
+        dv = self.w_uv.shape[1]
+        dr = self.latent_dim - kv_lora
+        q = (rms_norm_fp32(x @ self.wq_a, self.q_norm, EPS) @ self.wq_b).view(b, t, heads, dn + dr)
+        kv = x @ self.wkv_a
+        latents[:, start:start + t, :kv_lora] = rms_norm_fp32(kv[..., :kv_lora], self.kv_norm, EPS)
+        latents[:, start:start + t, kv_lora:] = kv[..., kv_lora:]
+        scale = mla_softmax_scale(dn, dr)
+        o = absorbed_attention(q[..., :dn], q[..., dn:], latents[:, :start + t], self.w_uk, self.w_uv, t, scale)
+        o = o.reshape(b, t, heads * dv) * torch.sigmoid(x @ self.w_gate)
+        return o @ self.w_o
