@@ -1,4 +1,4 @@
-"""A trace as the prefix cache sees it (`opts.cache_retention.stream.CacheStream`): times, content ids, turns.
+"""A trace as the prefix cache sees it (`opts.k3.cache.stream.CacheStream`): times, content ids, turns.
 
 Times come from a replay with no queueing at nominal prefill and decode rates (`nominal_times`), closed-loop for
 a session trace, so a turn never starts before the turn it continues has finished. A session's turn continues
@@ -21,9 +21,9 @@ from ablations.workload.paths import TRACES
 from ablations.workload.presets import preset
 from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule, simulate
 from ablations.workload.trace import Request, Trace
-from opts.cache_retention.geometry import K3_TP8, TINY
-from opts.cache_retention.stream import CacheRequest, CacheStream
 from opts.cache_retention.sweep import Scenario
+from opts.k3.cache.geometry import K3_TP8, TINY
+from opts.k3.cache.stream import CacheRequest, CacheStream
 
 QUICK_CONVERSATION_REQUESTS = 1000
 

@@ -13,16 +13,16 @@ from opts.cache_retention import sim, vllm
 from opts.cache_retention.cases import HitRateCase, bench_cases
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.evict import SessionFreeList
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import K3_TP8, TINY, CacheGeometry, k3_geometry
 from opts.cache_retention.naive import run_off
 from opts.cache_retention.plot import plot_sweep
-from opts.cache_retention.pool import CacheStats, CapacityError, HybridPool, Resume, replay
 from opts.cache_retention.reference import run_belady, run_unbounded
 from opts.cache_retention.retention import run
 from opts.cache_retention.runner import run_bench
-from opts.cache_retention.stream import CacheRequest, CacheStream
 from opts.cache_retention.sweep import Scenario, SweepResult, scenario, scenarios, sweep
+from opts.k3.cache import CacheStats, CapacityError, HybridPool, Resume, replay
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import K3_TP8, TINY, CacheGeometry, k3_geometry
+from opts.k3.cache.stream import CacheRequest, CacheStream
 
 __all__ = [
     "K3_TP8",

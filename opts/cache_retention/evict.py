@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 
-from opts.cache_retention.free_list import RankedFreeList
+from opts.k3.cache.free_list import RankedFreeList
 
 
 class SessionFreeList(RankedFreeList):

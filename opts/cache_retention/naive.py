@@ -7,10 +7,10 @@ what it models and how it was checked against vLLM-CPU.
 
 from __future__ import annotations
 
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.pool import CacheStats, replay
-from opts.cache_retention.stream import CacheStream
+from opts.k3.cache import CacheStats, replay
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import CacheGeometry
+from opts.k3.cache.stream import CacheStream
 
 
 def run_off(stream: CacheStream, geometry: CacheGeometry, num_blocks: int) -> CacheStats:

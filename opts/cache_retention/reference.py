@@ -12,10 +12,10 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 
-from opts.cache_retention.free_list import RankedFreeList
-from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.pool import ATTN, STATE, CacheStats, Resume, replay, stream_keys
-from opts.cache_retention.stream import CacheStream, prefix_key
+from opts.k3.cache import ATTN, STATE, CacheStats, Resume, replay, stream_keys
+from opts.k3.cache.free_list import RankedFreeList
+from opts.k3.cache.geometry import CacheGeometry
+from opts.k3.cache.stream import CacheStream, prefix_key
 
 INF = float("inf")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.evict import SessionFreeList
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.pool import CacheStats, Resume, replay
-from opts.cache_retention.stream import CacheStream
+from opts.k3.cache import CacheStats, Resume, replay
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import CacheGeometry
+from opts.k3.cache.stream import CacheStream
 
 NO_SESSIONS = "no session ids in the stream: session-aware retention runs as off"
 

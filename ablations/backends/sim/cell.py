@@ -33,10 +33,10 @@ from ablations.metrics import (
 )
 from ablations.workload.trace import Trace
 from opts.base import ToggleConfig
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import CacheGeometry, geometry
-from opts.cache_retention.pool import Resume
 from opts.draft_length.schedule import fixed_schedule
+from opts.k3.cache import Resume
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import CacheGeometry, geometry
 from opts.registry import OPTIMIZATIONS
 from opts.sim_setting import SimSetting
 

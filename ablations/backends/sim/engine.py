@@ -27,9 +27,9 @@ from ablations.metrics import RequestRecord, cache_hit_rate
 from ablations.workload.cache_stream import continuations
 from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule
 from ablations.workload.trace import Trace
-from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.pool import CapacityError, HybridPool, Resume, no_cycle_collection, request_keys
-from opts.cache_retention.stream import CacheRequest
+from opts.k3.cache import CapacityError, HybridPool, Resume, no_cycle_collection, request_keys
+from opts.k3.cache.geometry import CacheGeometry
+from opts.k3.cache.stream import CacheRequest
 
 
 @dataclass(frozen=True)

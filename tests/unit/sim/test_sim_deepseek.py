@@ -11,7 +11,7 @@ import pytest
 
 from ablations.backends.sim.cost import Mechanisms, Parallel, Seq, step_costs, weights_per_rank
 from ablations.backends.sim.models import DEEPSEEK_R1, MODELS
-from opts.cache_retention.geometry import attention_geometry, geometry
+from opts.k3.cache.geometry import attention_geometry, geometry
 
 R1 = MODELS["deepseek_r1"]
 P = Parallel(tp=8, moe="tp")

@@ -22,10 +22,10 @@ from ablations.config import compose_app, sim_wired
 from ablations.workload.generate import generate
 from ablations.workload.presets import preset
 from ablations.workload.trace import Request, Trace
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import k3_geometry
-from opts.cache_retention.pool import CapacityError, Resume
 from opts.draft_length.acceptance import expected_tokens
+from opts.k3.cache import CapacityError, Resume
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import k3_geometry
 from opts.registry import OPTIMIZATIONS, make_config
 
 ALPHAS = (0.8, 0.8, 0.8)

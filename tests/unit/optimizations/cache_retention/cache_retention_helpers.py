@@ -4,8 +4,8 @@ pops."""
 
 from __future__ import annotations
 
-from opts.cache_retention.geometry import CacheGeometry
-from opts.cache_retention.stream import CacheRequest
+from opts.k3.cache.geometry import CacheGeometry
+from opts.k3.cache.stream import CacheRequest
 
 TOY = CacheGeometry(name="toy", block_size=4, block_bytes=1, num_attn_groups=1, num_state_groups=1, state_bytes=1,
                     latent_bytes_per_token=1)

@@ -9,11 +9,11 @@ from ablations.workload.cache_stream import cache_stream
 from ablations.workload.trace import Request, Trace
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.evict import SessionFreeList
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import TINY, CacheGeometry
-from opts.cache_retention.pool import HybridPool
 from opts.cache_retention.retention import run
-from opts.cache_retention.stream import CacheRequest, CacheStream
+from opts.k3.cache import HybridPool
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import TINY, CacheGeometry
+from opts.k3.cache.stream import CacheRequest, CacheStream
 
 
 @pytest.mark.parametrize("capacity", [0, -1, -2.5, math.inf, math.nan, True, "1 GiB"])

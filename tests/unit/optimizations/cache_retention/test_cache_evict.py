@@ -9,11 +9,11 @@ from cache_retention_helpers import recording
 from ablations.workload import generate, preset
 from ablations.workload.cache_stream import cache_stream
 from opts.cache_retention.evict import SessionFreeList
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import TINY
-from opts.cache_retention.pool import ATTN, Resume, replay
 from opts.cache_retention.reference import BeladyFreeList
-from opts.cache_retention.stream import CacheStream
+from opts.k3.cache import ATTN, Resume, replay
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import TINY
+from opts.k3.cache.stream import CacheStream
 
 
 @pytest.fixture(scope="module")

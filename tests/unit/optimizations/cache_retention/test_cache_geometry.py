@@ -2,8 +2,8 @@
 
 import pytest
 
-from opts.cache_retention.geometry import K3_TP8, TINY, group_layout, k3_geometry
 from opts.k3 import K3
+from opts.k3.cache.geometry import K3_TP8, TINY, group_layout, k3_geometry
 
 
 def test_tiny_model_on_vllm_cpu():

@@ -4,9 +4,9 @@ that compute them (`progressive`, as the simulated engine runs it)."""
 import pytest
 from cache_retention_helpers import request, tokens
 
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import TINY
-from opts.cache_retention.pool import HybridPool, Resume, checkpoints, request_keys
+from opts.k3.cache import HybridPool, Resume, checkpoints, request_keys
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import TINY
 
 
 def _pool(speculative: bool, resume: Resume | None = None, progressive: bool = False) -> HybridPool:

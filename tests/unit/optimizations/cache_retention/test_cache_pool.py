@@ -7,11 +7,11 @@ import pytest
 from cache_retention_helpers import TOY, request, tokens
 
 from opts.cache_retention.config import CacheRetentionConfig
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.geometry import TINY
-from opts.cache_retention.pool import CapacityError, HybridPool, Resume, replay, request_keys
 from opts.cache_retention.retention import run
-from opts.cache_retention.stream import CacheStream
+from opts.k3.cache import CapacityError, HybridPool, Resume, replay, request_keys
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.geometry import TINY
+from opts.k3.cache.stream import CacheStream
 
 VLLM_QUEUES = [
     [(7, False), (6, False), (4, False), (8, False), (9, False), (10, False), (11, False), (1, True), (5, True),

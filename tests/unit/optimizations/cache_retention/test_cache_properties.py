@@ -5,10 +5,10 @@ import pytest
 from ablations.workload import generate, preset
 from ablations.workload.cache_stream import cache_stream
 from opts.cache_retention.config import CacheRetentionConfig
-from opts.cache_retention.geometry import K3_TP8, TINY
 from opts.cache_retention.reference import run_belady, run_unbounded
 from opts.cache_retention.retention import run
-from opts.cache_retention.stream import CacheStream
+from opts.k3.cache.geometry import K3_TP8, TINY
+from opts.k3.cache.stream import CacheStream
 
 MODES = ("off", "evict", "resume", "on")
 

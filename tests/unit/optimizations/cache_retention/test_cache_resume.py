@@ -3,9 +3,9 @@
 import pytest
 from cache_retention_helpers import TOY, request, tokens
 
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.pool import RESUME_BLOCK, RESUME_STATE, Resume, replay
-from opts.cache_retention.stream import CacheStream
+from opts.k3.cache import RESUME_BLOCK, RESUME_STATE, Resume, replay
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.stream import CacheStream
 
 
 class EvictFirst(LruFreeList):
@@ -122,7 +122,7 @@ def test_the_pool_s_names_stay_consistent_when_prompt_tails_are_evicted():
 
     from ablations.workload import generate, preset
     from ablations.workload.cache_stream import cache_stream
-    from opts.cache_retention.geometry import TINY
+    from opts.k3.cache.geometry import TINY
 
     free_list = Watching()
     stats = replay(cache_stream(generate(preset("agentx_small"), seed=0)), TINY, 40, free_list,

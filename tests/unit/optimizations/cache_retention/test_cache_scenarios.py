@@ -9,7 +9,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from opts.cache_retention.cases import bench_cases
-from opts.cache_retention.geometry import K3_TP8, TINY
+from opts.k3.cache.geometry import K3_TP8, TINY
 
 sweep = importlib.import_module("opts.cache_retention.sweep")   # the package exports a function `sweep`
 

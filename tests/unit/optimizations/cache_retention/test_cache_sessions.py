@@ -5,11 +5,11 @@ from cache_retention_helpers import TOY, chunk_ids, recording, request, tokens
 
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.evict import SessionFreeList
-from opts.cache_retention.free_list import LruFreeList
-from opts.cache_retention.pool import Resume, replay
 from opts.cache_retention.reference import run_unbounded
 from opts.cache_retention.retention import run
-from opts.cache_retention.stream import CacheStream, name
+from opts.k3.cache import Resume, replay
+from opts.k3.cache.free_list import LruFreeList
+from opts.k3.cache.stream import CacheStream, name
 
 
 def two_sessions(times: list[float]) -> CacheStream:

@@ -6,11 +6,11 @@ from cache_retention_helpers import TOY, request, tokens
 from ablations.workload.cache_stream import cache_stream
 from ablations.workload.trace import Request, Trace
 from opts.cache_retention.config import CacheRetentionConfig
-from opts.cache_retention.geometry import TINY
-from opts.cache_retention.pool import request_keys
 from opts.cache_retention.reference import run_unbounded
 from opts.cache_retention.retention import run
-from opts.cache_retention.stream import CacheStream, block_keys, name, prefix_key
+from opts.k3.cache import request_keys
+from opts.k3.cache.geometry import TINY
+from opts.k3.cache.stream import CacheStream, block_keys, name, prefix_key
 
 
 def sixteen_token_trace() -> Trace:

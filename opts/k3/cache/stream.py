@@ -98,3 +98,22 @@ def block_keys(request: CacheRequest, num_tokens: int, block_size: int, chunk_si
         chunk = (end - 1) // chunk_size
         keys.append(ids[chunk] * stride + end - chunk * chunk_size)
     return keys
+def own_key(index: int, position: int) -> int:
+    """The name of content only request `index` holds (past its chunk ids) at `position` (a block index, or
+    the token count of its turn end, < 2**32): negative, so no chunk's name (stream.name) or other request's
+    equals it."""
+    return -(index << 32) - position - 1
+
+
+def request_keys(request: CacheRequest, index: int, block_size: int, chunk_size: int) -> list:
+    """Names of the request's full blocks over its processed tokens; blocks past its chunk ids are its own."""
+    covered = min(request.num_processed_tokens, len(request.chunk_ids) * chunk_size)
+    keys: list = block_keys(request, covered, block_size, chunk_size)
+    for j in range(len(keys), request.num_processed_tokens // block_size):
+        keys.append(own_key(index, j))
+    return keys
+
+
+def stream_keys(stream: CacheStream, block_size: int) -> list[list]:
+    """`request_keys` of every request of `stream` (what every replay of it at `block_size` names)."""
+    return [request_keys(r, i, block_size, stream.chunk_size) for i, r in enumerate(stream.requests)]

@@ -1,0 +1,102 @@
+"""A request's hit in the hybrid pool: the leading cached attention blocks, the deepest cached KDA state among
+them, or a deeper resume point (vLLM's `find_longest_cache_hit` for a hybrid model, "align" mode). Part of
+`HybridPool` (`pool.py`)."""
+
+from __future__ import annotations
+
+from opts.k3.cache.blocks import ATTN, RESUME_BLOCK, RESUME_STATE, STATE
+from opts.k3.cache.resume import Tails
+from opts.k3.cache.stream import CacheRequest, prefix_key
+
+
+class Lookup(Tails):
+    """Lookups by name; blocks named ahead of their computation (progressive) are not ready."""
+
+    _memo: tuple | None = None
+
+    def _lookup(self, kind: str, key) -> list[int] | None:
+        """One block per group holding (kind, key), or None."""
+        cached = self.cached
+        if self._num_groups[kind] == 1:     # the common case, made cheap: this runs for every block of a hit
+            bids = cached.get((kind, 0, key))
+            bid = self._ready(bids) if bids else None
+            return None if bid is None else [bid]
+        found = []
+        for g in range(self._num_groups[kind]):
+            bids = cached.get((kind, g, key))
+            bid = self._ready(bids) if bids else None
+            if bid is None:
+                return None
+            found.append(bid)
+        return found
+
+    def _ready(self, bids: list[int]) -> int | None:
+        """The first of `bids` (blocks of one name) that holds its content already (progressive), or None."""
+        ahead = self.ahead
+        if not ahead or bids[0] not in ahead:
+            return bids[0]
+        return next((b for b in bids if b not in ahead), None)
+
+    def find_hit(self, request: CacheRequest, keys: list,
+                 previous: CacheRequest | None) -> tuple[int, bool, list[list[int]]]:
+        """(cached prompt tokens, whether they come from a resume point, the leading cached attention blocks:
+        one block per group for each). With MTP the attention lookup reaches one block further (to the prompt's
+        last full block) and drops its last block: the hit and the junction end one block earlier. The same
+        request asked again before anything a lookup sees has changed (`version`) gets the same answer without a
+        walk: the engine asks for the waiting head each step until it is admitted."""
+        memo = self._memo
+        if memo is not None and memo[0] == self.version and memo[1] is request and memo[2] is keys \
+                and memo[3] is previous:
+            return memo[4]
+        out = self._find_hit(request, keys, previous)
+        self._memo = (self.version, request, keys, previous, out)
+        return out
+
+    def _find_hit(self, request: CacheRequest, keys: list,
+                  previous: CacheRequest | None) -> tuple[int, bool, list[list[int]]]:
+        prompt = request.num_prompt_tokens
+        limit = (prompt if self.speculative else prompt - 1) // self.block_size
+        found: list[list[int]] = []
+        if self._num_groups[ATTN] == 1:     # the common case, inlined: this runs for every block of every prompt
+            get = self.cached.get
+            ahead = self.ahead
+            for j in range(limit):
+                bids = get((ATTN, 0, keys[j]))
+                if not bids:
+                    break
+                bid = bids[0]
+                if ahead and bid in ahead:
+                    bid = self._ready(bids)
+                    if bid is None:
+                        break
+                found.append([bid])
+        while len(found) < limit:
+            blocks = self._lookup(ATTN, keys[len(found)])
+            if blocks is None:
+                break
+            found.append(blocks)
+        matched = found
+        if self.speculative and found:
+            found = found[:-1]
+        leading = len(found)
+        hit = 0
+        if self._num_groups[STATE] == 1:
+            get = self.cached.get
+            for j in range(leading - 1, -1, -1):
+                bids = get((STATE, 0, keys[j]))
+                if bids and self._ready(bids) is not None:
+                    hit = (j + 1) * self.block_size
+                    break
+        else:
+            for j in range(leading - 1, -1, -1):
+                if self._lookup(STATE, keys[j]) is not None:
+                    hit = (j + 1) * self.block_size
+                    break
+        for point in self._resume_points(request, previous, hit):
+            # the resume point's own checks (state, partial block) stand for vLLM's finer drop with MTP: one unit
+            if point <= prompt - 1 and point // self.block_size <= len(matched):
+                key = prefix_key(request, point, self.chunk_size)
+                if self._lookup(RESUME_STATE, key) is not None and (
+                        point % self.block_size == 0 or self._lookup(RESUME_BLOCK, key) is not None):
+                    return point, True, matched
+        return hit, False, found
