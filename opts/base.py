@@ -15,6 +15,10 @@ The contract of an optimization package `opts/<name>/` (checked by tests/unit/op
   a platform where no mode is stock is left out (fusion on CPU: stock runs the steps eagerly).
   A cell vLLM cannot run raises ValueError naming the valid modes there. It imports nothing from `ablations`
   and vLLM only inside its wrappers; `off` on vLLM runs `naive.py`'s functions, `on` the mechanism's.
+- `in_vllm.py` (or the package `in_vllm/`), where `vllm.py` installs patches: the code vLLM's processes run, the
+  wrappers `vllm.py` names (`vllm.py` itself builds no function).
+- `bench/`: bench tooling beyond `cases.py` (runners, sweeps, plots, measured step times or traffic, real ranks),
+  the record's `run_bench` included. No top-level `vllm_*.py`, `engine.py` or bench module, no `measure.py`.
 - `sim.py`: how the toggle acts in the serving simulator, as data: `sim_setting(config, platform) -> SimSetting`
   (kernel classes, KDA packing, the prefix cache's free order and resume point, drafts per step; never a
   speed-up factor); off is the empty setting unless the toggle's off is itself a choice (draft_length's K); a

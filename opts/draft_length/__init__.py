@@ -3,9 +3,9 @@ bucket that maximizes expected accepted tokens per second (on), or no speculatio
 
 The acceptance model is `acceptance.py` (E(K), conditional and cumulative rates), the step cost `cost.py`, the
 chooser `chooser.py` over vLLM's schedule form `schedule.py`; off is `naive.py`; the float64 references are
-`reference.py`. The bench (`cases.py`, `runner.py`) times a tiny K3-like stack (`stack.py`, its MLA
-`opts/k3/mla.py`) on the CPU (`measure.py`) and scores chosen against fixed K on held-out repeats
-(`evaluate.py`). In vLLM: `vllm.py`.
+`reference.py`. The bench (`cases.py`, `bench/runner.py`) times a tiny K3-like stack (`bench/stack.py`, its MLA
+`opts/k3/mla.py`) on the CPU (`bench/step_times.py`) and scores chosen against fixed K on held-out repeats
+(`bench/evaluate.py`). In vLLM: `vllm.py`.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from opts.draft_length.acceptance import (
     to_conditional,
     to_cumulative,
 )
+from opts.draft_length.bench.evaluate import Evaluation, Row, evaluate, table
+from opts.draft_length.bench.runner import run_bench
+from opts.draft_length.bench.stack import Stack, StackShape
+from opts.draft_length.bench.step_times import Measurements, Sample, measure
 from opts.draft_length.cases import GoodputCase, bench_cases
 from opts.draft_length.chooser import choose_k, choose_schedule, goodput, policy
 from opts.draft_length.config import DraftLengthConfig
 from opts.draft_length.cost import StepCost, fit_step_cost
-from opts.draft_length.evaluate import Evaluation, Row, evaluate, table
-from opts.draft_length.measure import Measurements, Sample, measure
 from opts.draft_length.naive import off_schedule
 from opts.draft_length.reference import enumerated_expected_tokens, sample_accepted
-from opts.draft_length.runner import run_bench
 from opts.draft_length.schedule import buckets, check_schedule, fixed_schedule, k_for_batch, merge_schedule
-from opts.draft_length.stack import Stack, StackShape
 
 __all__ = [
     "OPTIMIZATION",

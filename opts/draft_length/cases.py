@@ -1,15 +1,15 @@
 """draft_length's bench cases: goodput, not off/on times. Each case times real steps of the CPU stack over a
-(batch, K) grid (`measure.py`) and scores fixed and chosen K on held-out repeats (`evaluate.py`)."""
+(batch, K) grid (`bench/step_times.py`) and scores fixed and chosen K on held-out repeats (`bench/evaluate.py`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from opts.draft_length.acceptance import check_k
+from opts.draft_length.bench.stack import StackShape
+from opts.draft_length.bench.step_times import check_clock, check_grid
 from opts.draft_length.config import PROFILES
 from opts.draft_length.cost import check_batch
-from opts.draft_length.measure import check_clock, check_grid
-from opts.draft_length.stack import StackShape
 
 FULL_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 FULL_KS = tuple(range(9))
@@ -23,7 +23,7 @@ FIXED_K = 3
 @dataclass(frozen=True)
 class GoodputCase:
     """One measured grid: `repeats` steps per (batch, K) of `shape`'s stack on `threads` torch threads timed by
-    `clock` (`measure.py`), scored for `profiles` against `fixed_k`."""
+    `clock` (`bench/step_times.py`), scored for `profiles` against `fixed_k`."""
 
     name: str
     batch_sizes: tuple[int, ...]

@@ -5,7 +5,7 @@
 - attn_res (counterfactual, not toggled): the attention-residual softmax mix followed by RMSNorm; vLLM only
   has the fused kernel, so its unfused form (`counterfactual.py`) is measured beside the toggle.
 
-off: `naive.py`, the stages vLLM runs, each its own pass at on's compilation level. on: `engine.py`, each
+off: `naive.py`, the stages vLLM runs, each its own pass at on's compilation level. on: `passes.py`, each
 mechanism as one inductor-compiled pass. One implementation per pass, in vLLM's calling conventions over its
 state slot pools (`slots.py`), compiled by `dynamic.py` for any batch size: what the vLLM patches run
 (`vllm.py`, the toggle's setting per platform) and what the microbenchmarks time (`cases.py`). `stages.py`
@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opts.base import Optimization
-from opts.fusion import counterfactual, engine, naive, reference, sim, slots, stages, vllm
+from opts.fusion import counterfactual, naive, passes, reference, sim, slots, stages, vllm
 from opts.fusion.cases import bench_cases
 from opts.fusion.config import COUNTERFACTUAL, MECHANISMS, FusionConfig
 from opts.fusion.counterfactual import attn_res_unfused
-from opts.fusion.engine import kda_decode_slots_fused, q_kv_rms_norm_fused
 from opts.fusion.fused import attn_res_fused
 from opts.fusion.inputs import (
     AttnResLayer,
@@ -39,6 +38,7 @@ from opts.fusion.inputs import (
     slot_pools,
 )
 from opts.fusion.naive import kda_decode_slots_unfused, q_kv_rms_norm
+from opts.fusion.passes import kda_decode_slots_fused, q_kv_rms_norm_fused
 from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
 from opts.fusion.traffic import Kernel, PairCost, PathCost, attn_res_cost, kda_decode_cost, mla_norm_cost
 
@@ -63,7 +63,6 @@ __all__ = [
     "attn_res_unfused",
     "counterfactual",
     "decode_args",
-    "engine",
     "implementation",
     "kda_decode_cost",
     "kda_decode_slots_fused",
@@ -74,6 +73,7 @@ __all__ = [
     "mla_norm_cost",
     "naive",
     "norm_args",
+    "passes",
     "q_kv_rms_norm",
     "q_kv_rms_norm_fused",
     "reference",

@@ -1,7 +1,7 @@
 """fusion's microbenchmarks: each mechanism at K3's per-rank shapes (TP=8), off against on, same inputs.
 
 The toggled mechanisms time the functions the vLLM patches run (`naive.q_kv_rms_norm` and
-`engine.q_kv_rms_norm_fused`; `naive.kda_decode_slots_unfused` and `engine.kda_decode_slots_fused` over slot
+`passes.q_kv_rms_norm_fused`; `naive.kda_decode_slots_unfused` and `passes.kda_decode_slots_fused` over slot
 pools laid out as vLLM's), compiled for any token count as in an engine. Off and on each get their own copy of
 the states they update and return them with their output. Every compiled pass is compiled in `setup` on
 throwaway copies, so compilation never lands in a timing and the pair's first calls start from identical states.
@@ -18,10 +18,10 @@ import torch
 
 from opts.base import BenchCase, BenchPair
 from opts.fusion.counterfactual import attn_res_unfused
-from opts.fusion.engine import kda_decode_slots_fused, q_kv_rms_norm_fused
 from opts.fusion.fused import attn_res_fused
 from opts.fusion.inputs import decode_args, make_attn_res, make_kda_decode, make_mla_norm, norm_args
 from opts.fusion.naive import kda_decode_slots_unfused, q_kv_rms_norm
+from opts.fusion.passes import kda_decode_slots_fused, q_kv_rms_norm_fused
 from opts.fusion.shapes import AttnResShape, KdaDecodeShape, MlaNormShape
 from opts.fusion.traffic import PairCost, attn_res_cost, kda_decode_cost, mla_norm_cost
 
@@ -77,7 +77,7 @@ def kda_decode_case(shape: KdaDecodeShape, device: str) -> BenchCase:
     info = {"mechanism": "kda_decode", "counterfactual": False,
             "off_backend": "naive.kda_decode_slots_unfused: conv, recurrence and gated norm one dynamic inductor pass "
                            "each over vLLM's slot pools, 2 state stores, 2 copies",
-            "on_backend": "engine.kda_decode_slots_fused: one dynamic inductor pass, 2 state stores"}
+            "on_backend": "passes.kda_decode_slots_fused: one dynamic inductor pass, 2 state stores"}
     return _bench_case(f"kda_decode_n{shape.num_tokens}", shape, kda_decode_cost(shape, DTYPE),
                        _kda_flops(shape), KDA_TOL, build, info)
 
@@ -89,7 +89,7 @@ def mla_norm_case(shape: MlaNormShape, device: str) -> BenchCase:
 
     info = {"mechanism": "mla_norm", "counterfactual": False,
             "off_backend": "naive.q_kv_rms_norm: vLLM's native RMSNorm, one dynamic inductor pass per norm",
-            "on_backend": "engine.q_kv_rms_norm_fused: one dynamic inductor pass"}
+            "on_backend": "passes.q_kv_rms_norm_fused: one dynamic inductor pass"}
     flops = 4 * shape.num_tokens * (shape.q_lora_rank + shape.kv_lora_rank)
     return _bench_case(f"mla_norm_n{shape.num_tokens}", shape, mla_norm_cost(shape, DTYPE), flops, MLA_TOL,
                        build, info)

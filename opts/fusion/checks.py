@@ -51,7 +51,7 @@ def check_q_kv_norm(qr: torch.Tensor, kv: torch.Tensor, q_weight: torch.Tensor, 
 
 def check_kda_decode_slots(x, conv_pool, conv_weight, raw_g, raw_beta, A_log, dt_bias, state_pool, slots, gate,
                            norm_weight, out, *_) -> None:
-    """The arguments of one engine decode step over vLLM's slot pools (`engine.kda_decode_slots_fused`,
+    """The arguments of one engine decode step over vLLM's slot pools (`passes.kda_decode_slots_fused`,
     `naive.kda_decode_slots_unfused`); every error names the argument."""
     n = x.shape[0]
     heads, dim = raw_g.shape[1:] if raw_g.dim() == 3 else (None, None)

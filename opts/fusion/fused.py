@@ -1,6 +1,6 @@
 """The attention residual as one inductor-compiled pass over its stages (`stages.py`): what vLLM always runs
 (its Triton `attn_res` kernel), beside the counterfactual unfused form (`counterfactual.py`). Compiled for the
-exact shapes (`compiled.py`). The toggled mechanisms' fused passes are in `engine.py`.
+exact shapes (`compiled.py`). The toggled mechanisms' fused passes are in `passes.py`.
 """
 
 from __future__ import annotations

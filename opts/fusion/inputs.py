@@ -112,7 +112,7 @@ def slot_pools(num_slots: int, channels: int, conv_width: int, num_heads: int, h
 
 def decode_args(layer: KdaDecodeLayer, step: KdaDecodeStep, out: torch.Tensor) -> tuple:
     """The arguments of the engine's decode step (`naive.kda_decode_slots_unfused`,
-    `engine.kda_decode_slots_fused`) for `step` writing `out` [N, H, D]."""
+    `passes.kda_decode_slots_fused`) for `step` writing `out` [N, H, D]."""
     return (step.mixed_qkv, step.conv_pool, layer.conv_weight, step.raw_g, step.raw_beta, layer.A_log,
             layer.dt_bias, step.state_pool, step.slots, step.output_gate, layer.norm_weight, out, layer.lower_bound,
             layer.qk_scale, layer.norm_eps)
@@ -209,7 +209,7 @@ def make_mla_norm(shape: MlaNormShape, dtype: torch.dtype = torch.bfloat16, devi
 
 
 def norm_args(layer: MlaNormLayer, qkv_lora: torch.Tensor) -> tuple:
-    """The arguments of vLLM's `fused_q_kv_rmsnorm` (`naive.q_kv_rms_norm`, `engine.q_kv_rms_norm_fused`) for the
+    """The arguments of vLLM's `fused_q_kv_rmsnorm` (`naive.q_kv_rms_norm`, `passes.q_kv_rms_norm_fused`) for the
     projection output `qkv_lora` [N, q_lora + kv_lora + rope]: the q and kv latents as views of it."""
     q, kv = layer.q_lora_rank, layer.kv_lora_rank
     return qkv_lora[:, :q], qkv_lora[:, q:q + kv], layer.q_weight, layer.kv_weight, layer.eps

@@ -1,12 +1,12 @@
 """The off paths: the stages vLLM runs when the mechanism is not fused, each its own compiled pass.
 
 Each stage is one inductor-compiled pass over its math in `stages.py` / `opts.k3`, at the compilation level of
-the fused pass (`engine.py`). Between stages lie the tensors vLLM allocates and the copies it makes
+the fused pass (`passes.py`). Between stages lie the tensors vLLM allocates and the copies it makes
 (vllm/models/kimi_k3/nvidia/kda.py: `packed_conv_out`, the recurrent output, `core_attn_out[0, :n] = o`,
 `core_attn_out.copy_(o_norm(...))`). One implementation per pass, in vLLM's calling conventions: what the fusion
 toggle's off patches run inside a vLLM-CPU engine and what the microbenchmark times (`cases.py`) —
 `q_kv_rms_norm` with the arguments of vLLM's `fused_q_kv_rmsnorm`, `kda_decode_slots_unfused` with those of
-`engine.kda_decode_slots_fused`, the states in vLLM's slot pools (`slots.py`), each pass compiled for any token
+`passes.kda_decode_slots_fused`, the states in vLLM's slot pools (`slots.py`), each pass compiled for any token
 count (`dynamic.py`). `rms_norm` also serves the attention residual's counterfactual at exact shapes.
 """
 
@@ -107,7 +107,7 @@ def kda_decode_slots_unfused(x: torch.Tensor, conv_pool: torch.Tensor, conv_weig
                              norm_weight: torch.Tensor, out: torch.Tensor, lower_bound: float | None, scale: float,
                              eps: float) -> torch.Tensor:
     """Off: one KDA decode step for N sequences as vLLM's unfused stages over its slot pools, in the arguments of
-    `engine.kda_decode_slots_fused`: conv pass (the new window stored to its slot) into a new tensor,
+    `passes.kda_decode_slots_fused`: conv pass (the new window stored to its slot) into a new tensor,
     recurrence pass (the new state stored) into a new tensor, copy into out, gated-norm pass into a new tensor,
     copy into out. A null slot (<= 0) gives a zero row and changes no state (`slots.py`); one sequence runs as
     two equal rows (`dynamic.as_two_rows`)."""

@@ -1,4 +1,4 @@
-"""vLLM's state slot pools as the engine passes read and write them (on: `engine.py`, off: `naive.py`).
+"""vLLM's state slot pools as the engine passes read and write them (on: `passes.py`, off: `naive.py`).
 
 A decode row's conv window and recurrent state live in pools [slots, ...] at the row's slot index; an index
 <= 0 is vLLM's null block (a padded or finished row): its output is zero and no live slot changes, as
@@ -20,7 +20,7 @@ import torch
 from opts.fusion.checks import check_kda_decode_slots
 from opts.fusion.dynamic import as_two_rows
 
-# A decode step's arguments (`engine.kda_decode_slots_fused`, `naive.kda_decode_slots_unfused`): x, raw_g,
+# A decode step's arguments (`passes.kda_decode_slots_fused`, `naive.kda_decode_slots_unfused`): x, raw_g,
 # raw_beta, slots, gate and out have one row per sequence; out is written.
 STEP_TOKEN_ARGS = (0, 3, 4, 8, 9, 11)
 STEP_OUT = 11

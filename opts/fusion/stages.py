@@ -1,5 +1,5 @@
 """The math of each stage, as plain torch functions of tensors: traced into one compiled pass per stage by
-`naive.py` (off) and into one compiled pass per mechanism by `engine.py` (on), so off and on differ only in
+`naive.py` (off) and into one compiled pass per mechanism by `passes.py` (on), so off and on differ only in
 where the stages meet (a tensor in memory, or nothing). K3's norms and gate come from `opts.k3`.
 """
 

@@ -4,9 +4,9 @@ The model (README.md): a kernel reads every tensor it consumes once and writes e
 data does not stay in cache from one kernel to the next. A path is its kernels in the order the code runs
 them: compiled passes (one inductor kernel each; the intermediates inductor still materialises are written and
 read back once), eager aten ops (copies), and the stores that scatter a pass's new state rows to their slots.
-The toggled mechanisms' paths are the engine's (`naive.py` / `engine.py`), a one-row step included (run as two
+The toggled mechanisms' paths are the engine's (`naive.py` / `passes.py`), a one-row step included (run as two
 rows, `dynamic.as_two_rows`, with the copies that costs). Tests check the counts against a dispatch-level
-count, torch.profiler and inductor's generated code (`measure.py`).
+count, torch.profiler and inductor's generated code (`bench/measured_traffic.py`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ fusion compares compiled passes: both modes patch vLLM at one compilation level.
 - off: `fused_q_kv_rmsnorm` becomes two compiled RMSNorm passes (`naive.q_kv_rms_norm`); a plain decode step
   (no prefill, no speculation) of `KimiK3DeltaAttention._forward` runs `naive.kda_decode_slots_unfused`: the
   conv update, recurrence and gated norm as three compiled passes with vLLM's tensors and copies between them.
-- on: `fused_q_kv_rmsnorm` becomes one compiled dual norm (`engine.q_kv_rms_norm_fused`); a plain decode
-  step runs `engine.kda_decode_slots_fused`, one compiled pass, as vLLM's `fused_kda_decode` branch on GPUs.
+- on: `fused_q_kv_rmsnorm` becomes one compiled dual norm (`passes.q_kv_rms_norm_fused`); a plain decode
+  step runs `passes.kda_decode_slots_fused`, one compiled pass, as vLLM's `fused_kda_decode` branch on GPUs.
 Every other step runs `_forward` unchanged.
 CUDA: stock vLLM is on. The KDA decode has vLLM's own switch (`kda_decode_backend`); the q/kv norms have no
 unfused path in vLLM, so off's is a counterfactual: `nvidia.mla:fused_q_kv_rmsnorm` becomes `naive.q_kv_rms_norm`,
@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from opts.fusion import engine, naive
+from opts.fusion import naive, passes
 from opts.fusion.config import MECHANISMS, FusionConfig
+from opts.fusion.in_vllm import rocm_normalize_q_kv, route_plain_decode, unsupported
 from opts.vllm_setting import K3_VLLM, KDA_FORWARD, Patch, VllmSetting, check_platform
 
 NAME = "fusion"
@@ -36,7 +37,7 @@ STOCK_MODES = {"cuda": "on"}
 
 MLA_NORM_TARGET = f"{K3_VLLM}.mla:fused_q_kv_rmsnorm"
 KDA_FORWARD_TARGET = KDA_FORWARD
-KDA_FUSED_TARGET = f"{engine.__name__}:kda_decode_slots_fused"
+KDA_FUSED_TARGET = f"{passes.__name__}:kda_decode_slots_fused"
 KDA_UNFUSED_TARGET = f"{naive.__name__}:kda_decode_slots_unfused"
 MLA_COUNTER = "fusion_mla_norm_fused"
 KDA_COUNTER = "fusion_kda_decode_fused"
@@ -58,58 +59,6 @@ ROCM_RUNS = {
 }
 
 
-def _plain_decode(layer: Any) -> Any:
-    """The layer's KDA metadata when this step is a plain decode (vLLM's fused-decode condition, nvidia/kda.py:
-    984-991: decodes only, no prefill, no speculative rows), else None."""
-    from vllm.forward_context import get_forward_context
-
-    metadata = get_forward_context().attn_metadata
-    m = metadata.get(layer.prefix) if isinstance(metadata, dict) else None
-    if m is None or m.num_spec_decodes > 0 or m.num_prefills > 0 or m.num_decodes == 0:
-        return None
-    return m
-
-
-def decode_step_args(layer: Any, m: Any, mixed_qkv, g1, g2, beta, core_attn_out) -> tuple:
-    """The arguments of `engine.kda_decode_slots_fused` / `naive.kda_decode_slots_unfused` for a plain decode
-    step of `layer` (vLLM's KimiK3DeltaAttention), from those of its `_forward`; rows past the step's tokens
-    are left out, as vLLM's fused kernels leave them."""
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-
-    n = m.num_actual_tokens
-    conv_state, recurrent_state = layer.kv_cache[:2]
-    if not is_conv_state_dim_first():
-        conv_state = conv_state.transpose(-1, -2)
-    weight = layer.conv1d.weight.data
-    gate = g2[:n]
-    if n == 1:
-        # forward()'s rearrange recomputes a one-row view's row stride; give it the projection's, as every other
-        # step has, so that its two-row form meets the same compiled graph (dynamic.as_two_rows)
-        gate = gate.as_strided(gate.shape, (mixed_qkv.stride(0), *gate.stride()[1:]))
-    return (mixed_qkv[:n], conv_state, weight.view(weight.size(0), weight.size(2)), g1[0, :n], beta[0, :n],
-            layer.A_log.data, layer.dt_bias.data, recurrent_state, m.non_spec_state_indices_tensor[:n], gate,
-            layer.o_norm.weight.data, core_attn_out[0, :n], layer.gate_lower_bound, layer.head_dim ** -0.5,
-            layer.o_norm.eps)
-
-
-def route_plain_decode(base: Any, fused: bool) -> Any:
-    """Wrap `KimiK3DeltaAttention._forward`: a plain decode step runs the fused pass (`fused`) or off's separate
-    passes, every other step `base`."""
-
-    def _forward(self, mixed_qkv, g1, g2, beta, core_attn_out) -> None:
-        m = _plain_decode(self)
-        # as vLLM's own fused decode: no speculative config (its conv state is wider), no conv bias (K3 has none)
-        if m is None or self.num_spec or self.conv1d.bias is not None:
-            return base(self, mixed_qkv=mixed_qkv, g1=g1, g2=g2, beta=beta, core_attn_out=core_attn_out)
-        # looked up per call: the counting patches replace these module attributes
-        decode = engine.kda_decode_slots_fused if fused else naive.kda_decode_slots_unfused
-        decode(*decode_step_args(self, m, mixed_qkv, g1, g2, beta, core_attn_out))
-        return None
-
-    _forward.__wrapped__ = base  # type: ignore[attr-defined]
-    return _forward
-
-
 def _put(new: Any) -> Any:
     return lambda _stock: new
 
@@ -121,14 +70,14 @@ def _same(value: Any) -> Any:
 # fused? -> (replacement, counter, what it runs)
 NORM_PASSES = {
     False: (naive.q_kv_rms_norm, MLA_UNFUSED_COUNTER, "two compiled passes (naive.q_kv_rms_norm, vLLM's RMSNorm math)"),
-    True: (engine.q_kv_rms_norm_fused, MLA_COUNTER, "one compiled pass (engine.q_kv_rms_norm_fused, vLLM's fused "
+    True: (passes.q_kv_rms_norm_fused, MLA_COUNTER, "one compiled pass (passes.q_kv_rms_norm_fused, vLLM's fused "
            "kernel's math)"),
 }
 # fused? -> (the pass's attribute, counted there; counter; what it runs)
 DECODE_PASSES = {
     False: (KDA_UNFUSED_TARGET, KDA_UNFUSED_COUNTER, "three compiled passes with vLLM's tensors and copies between "
             "them (naive.kda_decode_slots_unfused)"),
-    True: (KDA_FUSED_TARGET, KDA_COUNTER, "one compiled pass (engine.kda_decode_slots_fused, as vLLM's "
+    True: (KDA_FUSED_TARGET, KDA_COUNTER, "one compiled pass (passes.kda_decode_slots_fused, as vLLM's "
            "fused_kda_decode branch)"),
 }
 
@@ -154,26 +103,6 @@ def cpu_patches(mechanism: str, fused: bool) -> tuple[Patch, ...]:
     )
 
 
-def rocm_normalize_q_kv(fused: bool) -> Any:
-    """`KimiK3MultiHeadLatentAttentionWrapper._normalize_q_kv` (amd/mla.py:72-90) that always runs the fused dual
-    RMSNorm (`fused`) or always the two RMSNorm layers."""
-
-    def _normalize_q_kv(self, q_c, kv_c):
-        q_norm, kv_norm = self.q_a_layernorm, self.kv_a_layernorm
-        if not fused:
-            return q_norm(q_c), kv_norm(kv_c)
-        import torch
-
-        return torch.ops.vllm.fused_mla_dual_rms_norm(q_c, q_norm.weight, kv_c, kv_norm.weight,
-                                                      q_norm.variance_epsilon, kv_norm.variance_epsilon)
-
-    return _normalize_q_kv
-
-
-def _unsupported(*_args: Any, **_kwargs: Any) -> bool:
-    return False
-
-
 def rocm_patches(mechanism: str, fused: bool) -> tuple[Patch, ...]:
     """The ROCm patches that run `mechanism` fused or unfused (`ROCM_RUNS` says what each runs)."""
     mode, runs = ("on" if fused else "off"), ROCM_RUNS[mechanism, fused]
@@ -181,7 +110,7 @@ def rocm_patches(mechanism: str, fused: bool) -> tuple[Patch, ...]:
         return (Patch(ROCM_MLA_NORM_TARGET, lambda _stock: rocm_normalize_q_kv(fused), f"fusion {mode}: the q/kv "
                       f"RMSNorms as {runs}", MLA_COUNTER if fused else MLA_UNFUSED_COUNTER),)
     if not fused:
-        return (Patch(ROCM_KDA_SUPPORTED_TARGET, _put(_unsupported), f"fusion {mode}: the KDA decode as {runs}"),)
+        return (Patch(ROCM_KDA_SUPPORTED_TARGET, _put(unsupported), f"fusion {mode}: the KDA decode as {runs}"),)
     return (Patch(ROCM_KDA_FUSED_TARGET, _same, f"fusion {mode}: the KDA decode as {runs}", KDA_COUNTER,
                   idle_with=(("speculative_config", SPECULATING),)),)
 

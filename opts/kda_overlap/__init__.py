@@ -1,8 +1,8 @@
 """kda_overlap: KDA over a step that holds prefill chunks and speculative-verification rows, in one pass.
 
 Off is `naive.step_off`, on is `step.step_on` over `packed.py`; the float64 references (flash-linear-attention
-conventions) are in `reference.py`; the math is in README.md. In vLLM: `vllm.py` (the settings), `vllm_kernels.py`
-(vLLM's kernel conventions over off and on; the CPU backend's KDA kernels run its off), `vllm_overlap.py` (on's
+conventions) are in `reference.py`; the math is in README.md. In vLLM: `vllm.py` (the settings), `in_vllm/kernels.py`
+(vLLM's kernel conventions over off and on; the CPU backend's KDA kernels run its off), `in_vllm/forward.py` (on's
 wrappers of `KimiK3DeltaAttention._forward`).
 """
 

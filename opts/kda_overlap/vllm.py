@@ -7,12 +7,12 @@ the backend's CPU fix S4, which runs this package's off code (`vllm_kernels`, ov
 on (CPU, CUDA): four patches on top of whatever the targets hold (on the CPU, the CPU fix) in the model vLLM
 runs there, `nvidia/kda.py`: `_forward` marks a step that mixes prefill and verification rows,
 `fused_recurrent_kda` defers its call there, `chunk_kda_with_fused_gate` runs the packed pass instead
-(`vllm_overlap.packed_step`, counted as `kda_overlap_packed_step`): `packed.py` in PyTorch on the CPU, the
+(`forward.packed_step`, counted as `kda_overlap_packed_step`): `packed.py` in PyTorch on the CPU, the
 Triton kernel `triton_packed.py` on CUDA (`step.step_on` picks by the tensors' device). Not executed on a GPU.
 
 streams (CUDA): the same marking and deferral; `chunk_kda_with_fused_gate` then runs the deferred verification
 with vLLM's own `fused_recurrent_kda` on a side stream beside its own prefill kernel, joined before the output
-is read (`vllm_overlap.streamed_step`, counted as `kda_overlap_streamed_step`). Not executed on a GPU here; the
+is read (`forward.streamed_step`, counted as `kda_overlap_streamed_step`). Not executed on a GPU here; the
 split and join run in order on the CPU's streams in the tests.
 
 ROCm runs another model file, `amd/kda.py`, whose prefill kernel is its own: `NOT_WIRED` says why.
@@ -21,8 +21,8 @@ ROCm runs another model file, `amd/kda.py`, whose prefill kernel is its own: `NO
 from __future__ import annotations
 
 from opts.base import ToggleConfig
-from opts.kda_overlap import vllm_overlap
 from opts.kda_overlap.config import KdaOverlapConfig
+from opts.kda_overlap.in_vllm import forward
 from opts.vllm_setting import KDA_FORWARD, KDA_OPS, Patch, VllmSetting, check_platform, not_wired
 
 NAME = "kda_overlap"
@@ -31,9 +31,9 @@ STOCK_MODES = {"cpu": "off", "rocm": "off", "cuda": "off"}
 FORWARD_TARGET = KDA_FORWARD
 VERIFY_TARGET = f"{KDA_OPS}:fused_recurrent_kda"
 PREFILL_TARGET = f"{KDA_OPS}:chunk_kda_with_fused_gate"
-PACKED_TARGET = f"{vllm_overlap.__name__}:packed_step"
+PACKED_TARGET = f"{forward.__name__}:packed_step"
 PACKED_COUNTER = "kda_overlap_packed_step"
-STREAMED_TARGET = f"{vllm_overlap.__name__}:streamed_step"
+STREAMED_TARGET = f"{forward.__name__}:streamed_step"
 STREAMED_COUNTER = "kda_overlap_streamed_step"
 
 ROCM = ("vLLM's ROCm K3 model (amd/kda.py) runs its own prefill kernel, chunk_kda_prefill (amd/kda.py:620, "
@@ -56,9 +56,9 @@ def _mixed_step_patches(chunk_size: int, why: str, prefill: Patch, counted: Patc
     """The mixed step marked in `_forward` and its verification call deferred, then `prefill` (what the prefill
     kernel's call runs instead) and `counted` (the counted function it calls)."""
     return (
-        Patch(FORWARD_TARGET, lambda base: vllm_overlap.overlap_forward(base, chunk_size),
+        Patch(FORWARD_TARGET, lambda base: forward.overlap_forward(base, chunk_size),
               f"{why} (marks the mixed steps)"),
-        Patch(VERIFY_TARGET, vllm_overlap.defer_verify, f"{why} (defers the verification call)"),
+        Patch(VERIFY_TARGET, forward.defer_verify, f"{why} (defers the verification call)"),
         prefill,
         counted,
     )
@@ -69,7 +69,7 @@ def on_patches(chunk_size: int) -> tuple[Patch, ...]:
     the Triton kernel's chunk is its own `triton_packed.BT`)."""
     why = "kda_overlap=on: prefill and verification rows of a mixed step in one packed chunked pass"
     return _mixed_step_patches(
-        chunk_size, why, Patch(PREFILL_TARGET, vllm_overlap.packed_prefill, f"{why} (runs the packed pass)"),
+        chunk_size, why, Patch(PREFILL_TARGET, forward.packed_prefill, f"{why} (runs the packed pass)"),
         Patch(PACKED_TARGET, lambda packed_step: packed_step, f"{why} (counts the packed pass)", PACKED_COUNTER))
 
 
@@ -78,7 +78,7 @@ def streams_patches(chunk_size: int) -> tuple[Patch, ...]:
     beside the prefill rows, with vLLM's own kernels (`chunk_size` only marks the step's call)."""
     why = "kda_overlap=streams: the verification rows of a mixed step on a side stream beside the prefill rows"
     return _mixed_step_patches(
-        chunk_size, why, Patch(PREFILL_TARGET, vllm_overlap.streamed_prefill, f"{why} (runs both, split and joined)"),
+        chunk_size, why, Patch(PREFILL_TARGET, forward.streamed_prefill, f"{why} (runs both, split and joined)"),
         Patch(STREAMED_TARGET, lambda streamed_step: streamed_step, f"{why} (counts the two-stream steps)",
               STREAMED_COUNTER))
 

@@ -3,23 +3,23 @@
 
 Off is `naive.tail_off`, on is `sharded.tail_on`, sp is `sequence.layer_sp` (its tail `sequence.tail_sp`); the
 whole layer per rank is `layer.moe_layer` over `weights.py` and `experts.py`, its float64 reference
-`reference.py`; the per-rank work `counts.py`. `dist.py` runs functions on real ranks (torch.distributed); the
-bench (`cases.py`, `measure.py`, `runner.py`: `python -m opts bench moe_dedup`) times the modes on them. In vLLM:
-`vllm.py`, `vllm_tail.py`. The math and the measured numbers: README.md.
+`reference.py`; the per-rank work `counts.py`. `bench/ranks.py` runs functions on real ranks (torch.distributed); the
+bench (`cases.py`, `bench/rank_case.py`, `bench/runner.py`: `python -m opts bench moe_dedup`) times the modes on them.
+In vLLM: `vllm.py`, `in_vllm.py`. The math and the measured numbers: README.md.
 """
 
 from __future__ import annotations
 
 from opts.base import Optimization
 from opts.moe_dedup import sim, vllm
+from opts.moe_dedup.bench.ranks import Comm, RankError, RankPool, run_ranks
+from opts.moe_dedup.bench.runner import run_bench
 from opts.moe_dedup.cases import DistCase, bench_cases
 from opts.moe_dedup.config import MoeDedupConfig
 from opts.moe_dedup.counts import ModeCount, PartCount, mode_counts
-from opts.moe_dedup.dist import Comm, RankError, RankPool, run_ranks
 from opts.moe_dedup.layer import moe_layer, rank_weights
 from opts.moe_dedup.naive import tail_off
 from opts.moe_dedup.reference import reference_layer, reference_tail
-from opts.moe_dedup.runner import run_bench
 from opts.moe_dedup.sequence import layer_sp, tail_sp
 from opts.moe_dedup.shape import K3_MOE, K3_MOE_BENCH, MoeShape, moe_shape
 from opts.moe_dedup.sharded import tail_on

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from opts.k3 import rms_norm_native
+from opts.moe_dedup.bench.ranks import Comm
 from opts.moe_dedup.config import MoeDedupConfig
-from opts.moe_dedup.dist import Comm
 from opts.moe_dedup.experts import mlp, route, routed_experts
 from opts.moe_dedup.naive import Norm, tail_off
 from opts.moe_dedup.sequence import layer_sp

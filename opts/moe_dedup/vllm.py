@@ -17,7 +17,7 @@ At tensor-parallel size 1 no runner takes a tail tier (`_use_fused_path`): every
 from __future__ import annotations
 
 from opts.base import ToggleConfig
-from opts.moe_dedup import vllm_tail
+from opts.moe_dedup import in_vllm
 from opts.moe_dedup.config import MoeDedupConfig
 from opts.vllm_setting import K3_VLLM, Patch, VllmSetting, check_platform, not_wired
 
@@ -58,7 +58,7 @@ SINGLE_RANK = (("!tensor_parallel_size", "at tensor-parallel size 1 no runner ta
 
 
 def _replicated(target: str, mode: str) -> Patch:
-    return Patch(target, vllm_tail.always(vllm_tail.replicated_tail), _why(mode), REPLICATED_COUNTER,
+    return Patch(target, in_vllm.always(in_vllm.replicated_tail), _why(mode), REPLICATED_COUNTER,
                  idle_with=SINGLE_RANK)
 
 
@@ -81,10 +81,10 @@ def vllm_setting(config: ToggleConfig, platform: str) -> VllmSetting:
             return VllmSetting(patches=(_replicated(f"{NVIDIA_RUNNER}._shard_up_proj_tail", mode),
                                         _replicated(f"{NVIDIA_RUNNER}._small_batch_tail", mode)))
         return VllmSetting(patches=(Patch(f"{NVIDIA_RUNNER}._overlap_allreduce_tail",
-                                          vllm_tail.always(vllm_tail.sharded_tail), _why(mode), SHARDED_COUNTER,
+                                          in_vllm.always(in_vllm.sharded_tail), _why(mode), SHARDED_COUNTER,
                                           idle_with=SINGLE_RANK),))
     target = f"{NVIDIA_RUNNER if platform == 'cpu' else ROCM_RUNNER}._shard_up_proj_tail"
     if mode == "off":
         return VllmSetting(patches=(_replicated(target, mode),))
-    return VllmSetting(patches=(Patch(target, vllm_tail.by_tokens(config.tier_threshold, vllm_tail.replicated_tail),
+    return VllmSetting(patches=(Patch(target, in_vllm.by_tokens(config.tier_threshold, in_vllm.replicated_tail),
                                       _why(mode), TIERED_COUNTER, idle_with=SINGLE_RANK),))

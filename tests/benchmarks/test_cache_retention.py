@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from ablations.workload.cache_stream import preset_stream
+from opts.cache_retention.bench.runner import run_bench
+from opts.cache_retention.bench.sweep import num_blocks_at, run_policy
 from opts.cache_retention.cases import bench_cases
 from opts.cache_retention.reference import run_unbounded
-from opts.cache_retention.runner import run_bench
-from opts.cache_retention.sweep import num_blocks_at, run_policy
 from opts.k3.cache.geometry import K3_TP8
 
 FRACTION = 0.05

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from opts.draft_length.bench.runner import run_bench
 from opts.draft_length.cases import bench_cases
-from opts.draft_length.runner import run_bench
 
 
 @pytest.mark.slow

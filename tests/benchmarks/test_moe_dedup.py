@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from opts.moe_dedup.bench.runner import run_bench
 from opts.moe_dedup.cases import bench_cases
-from opts.moe_dedup.runner import run_bench
 
 
 @pytest.mark.slow

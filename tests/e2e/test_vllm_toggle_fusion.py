@@ -1,4 +1,4 @@
-"""fusion in vLLM-CPU: off (`naive.py`'s separate compiled passes) against on (`engine.py`'s fused ones), both
+"""fusion in vLLM-CPU: off (`naive.py`'s separate compiled passes) against on (`passes.py`'s fused ones), both
 patched in by `opts.fusion.vllm` (on a CPU neither is stock: stock runs these steps eagerly), and both against
 stock "cached" (its generation shared with test_vllm_toggle_aiter_mla.py). No MTP: plain decode steps exist.
 

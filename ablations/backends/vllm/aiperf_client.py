@@ -39,7 +39,7 @@ VENV_ENV = "K3_AIPERF_VENV"
 ROOT = Path(__file__).resolve().parents[3]
 RECORDS_FILE = "profile_export.jsonl"
 TRACE_FILE = "aiperf_trace.jsonl"
-SESSION_KEY, PARENT_KEY = "k3_session", "k3_parent"     # opts/cache_retention/vllm_pool.py reads these
+SESSION_KEY, PARENT_KEY = "k3_session", "k3_parent"     # opts/cache_retention/in_vllm.py reads these
 FIRST_TOKEN = 10                                        # ids below are left out of prompts (special tokens)
 ID_DIGITS = 4                                           # a block's leading tokens that spell its hash id
 

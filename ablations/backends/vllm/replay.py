@@ -16,7 +16,7 @@ from typing import Any
 from ablations.backends.vllm.engine import EngineConfig, open_llm
 from ablations.workload.prompts import prompt_token_ids
 from ablations.workload.trace import Trace, where
-from opts.cache_retention.vllm_pool import PARENT_KEY, SESSION_KEY, TIME_KEY
+from opts.cache_retention.in_vllm import PARENT_KEY, SESSION_KEY, TIME_KEY
 
 QUERIES_METRIC = "vllm:prefix_cache_queries"
 HITS_METRIC = "vllm:prefix_cache_hits"

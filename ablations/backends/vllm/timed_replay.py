@@ -20,7 +20,7 @@ from ablations.metrics import RequestRecord
 from ablations.workload.prompts import prompt_token_ids
 from ablations.workload.schedule import Schedule
 from ablations.workload.trace import Trace
-from opts.cache_retention.vllm_pool import PARENT_KEY, SESSION_KEY, TIME_KEY
+from opts.cache_retention.in_vllm import PARENT_KEY, SESSION_KEY, TIME_KEY
 
 IDLE_SLEEP_S = 0.002
 

@@ -11,12 +11,12 @@ import pytest
 
 from opts import registry
 from opts.__main__ import main
-from opts.cache_retention import K3_TP8, OPTIMIZATION, TINY, CacheRequest, CacheStream, HitRateCase, Scenario, sweep
+from opts.cache_retention import K3_TP8, OPTIMIZATION, TINY, CacheRequest, CacheStream, HitRateCase, Scenario
+from opts.cache_retention.bench.plot import plot_sweep
+from opts.cache_retention.bench.runner import run_bench
+from opts.cache_retention.bench.sweep import POLICIES, check_fractions, check_policies, num_blocks_at, run_policy, sweep
 from opts.cache_retention.cases import bench_cases
-from opts.cache_retention.plot import plot_sweep
 from opts.cache_retention.retention import NO_SESSIONS
-from opts.cache_retention.runner import run_bench
-from opts.cache_retention.sweep import POLICIES, check_fractions, check_policies, num_blocks_at, run_policy
 
 CHUNK = 16
 FRACTIONS = (0.05, 0.35, 0.5, 1.0)

@@ -17,6 +17,10 @@ from opts.sim_setting import SimSetting
 from opts.vllm_setting import PLATFORMS, VllmSetting
 
 FILES = ("__init__.py", "config.py", "naive.py", "reference.py", "cases.py", "vllm.py", "sim.py", "README.md")
+# Fixed names for fixed roles: the code vLLM's processes run is `in_vllm.py` (or the package `in_vllm/`), bench
+# tooling beyond `cases.py` is under `bench/`; these names say what a module does, so none may stand at the top.
+IN_VLLM = "in_vllm"
+BENCH_NAMES = ("runner", "measure", "sweep", "plot", "evaluate", "pairs", "dist", "stack")
 OPTS_DIR = Path(opts.__file__).parent
 
 
@@ -123,6 +127,54 @@ def sim_problems(package: str, optimization: Optimization | None, config_cls: ty
     return problems
 
 
+def name_problems(package: str, root: Path, optimization: Optimization | None) -> list[str]:
+    """Fixed names: no top-level `vllm_*.py` or `engine.py` (in-vLLM code is `in_vllm`), which exists where `vllm.py`
+    installs patches; `vllm.py` builds no function (its wrappers are `in_vllm`'s); no `measure.py` anywhere; bench
+    tooling (`BENCH_NAMES`, the record's `run_bench`) under `bench/`."""
+    problems = []
+    for path in sorted(root.glob("*.py")):
+        if (path.stem.startswith("vllm_") and path.stem != "vllm") or path.stem == "engine":
+            problems.append(f"{path.name}: code vLLM runs goes in {IN_VLLM}.py or {IN_VLLM}/")
+        if path.stem in BENCH_NAMES:
+            problems.append(f"{path.name}: bench tooling goes under bench/")
+    problems += [f"{p.relative_to(root)}: a name that says what it measures, not measure.py"
+                 for p in sorted(root.rglob("measure.py"))]
+    has_in_vllm = (root / f"{IN_VLLM}.py").is_file() or (root / IN_VLLM / "__init__.py").is_file()
+    if (root / "vllm.py").is_file():
+        tree = ast.parse((root / "vllm.py").read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                nested = [n.name for n in ast.walk(node) if n is not node
+                          and isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+                if nested:
+                    problems.append(f"vllm.py: {node.name} builds {', '.join(nested)}: code vLLM runs goes in "
+                                    f"{IN_VLLM}")
+        if not has_in_vllm and _installs_patches(package):
+            problems.append(f"vllm.py installs patches but the package has no {IN_VLLM}.py or {IN_VLLM}/")
+    run_bench = getattr(optimization, "run_bench", None)
+    if run_bench is not None and not run_bench.__module__.startswith(f"{package}.bench."):
+        problems.append(f"run_bench is {run_bench.__module__}.{run_bench.__name__}, not under {package}.bench")
+    return problems
+
+
+def _installs_patches(package: str) -> bool:
+    """Whether any mode of the package's toggle, on any platform, makes `vllm.py` install a patch."""
+    try:
+        module = importlib.import_module(f"{package}.vllm")
+        config_cls = next(c for c in vars(importlib.import_module(f"{package}.config")).values()
+                          if isinstance(c, type) and issubclass(c, ToggleConfig) and c is not ToggleConfig)
+    except Exception:
+        return False
+    for mode in config_cls.MODES:
+        for platform in PLATFORMS:
+            try:
+                if module.vllm_setting(config_cls(mode=mode), platform).patches:
+                    return True
+            except Exception:
+                continue
+    return False
+
+
 def contract_problems(package: str, optimization: Optimization | None = None) -> list[str]:
     """What package `package` (importable, dotted) lacks of the contract in opts/base.py; [] when none."""
     module = importlib.import_module(package)
@@ -164,6 +216,7 @@ def contract_problems(package: str, optimization: Optimization | None = None) ->
                    if isinstance(t, ast.Name)]
         if "__all__" not in targets:
             problems.append("__init__.py: no __all__")
+    problems += name_problems(package, root, optimization)
     others = optimization_packages() - {package}
     for path in sorted(root.rglob("*.py")):
         for name in sorted(imported_modules(path)):
@@ -206,6 +259,7 @@ GOOD = {
                "    if config.mode == 'off':\n        return SimSetting()\n"
                "    return SimSetting(packed_kda=True)\n"),
     "README.md": "off runs the plain path, on the mechanism.\n",
+    "in_vllm.py": "",
 }
 GOOD_VLLM = GOOD["vllm.py"]
 BROKEN = {
@@ -241,6 +295,14 @@ BROKEN = {
     "sim_off_fails": ({"sim.py": GOOD["sim.py"].replace("    if config.mode == 'off':\n        return SimSetting()\n",
                                                         "    raise not_modelled('fake', config.mode, ())\n")},
                       "sim.py: off on cpu fails"),
+    "vllm_named_module": ({"vllm_cpu.py": ""}, "vllm_cpu.py: code vLLM runs goes in in_vllm.py or in_vllm/"),
+    "engine_module": ({"engine.py": ""}, "engine.py: code vLLM runs goes in in_vllm.py or in_vllm/"),
+    "patches_without_in_vllm": ({"in_vllm.py": None}, "vllm.py installs patches but the package has no in_vllm"),
+    "wrapper_built_in_vllm_py": ({"vllm.py": GOOD_VLLM + "\n\ndef wrap(base):\n    def forward(self):\n"
+                                             "        return base(self)\n    return forward\n"},
+                                 "vllm.py: wrap builds forward: code vLLM runs goes in in_vllm"),
+    "runner_at_the_top": ({"runner.py": ""}, "runner.py: bench tooling goes under bench/"),
+    "a_measure_module": ({"measure.py": ""}, "measure.py: a name that says what it measures"),
     "sim_returns_other": ({"sim.py": GOOD["sim.py"].replace("SimSetting(packed_kda=True)", "{}")},
                           "sim.py: on on cpu returns dict, not a SimSetting"),
 }

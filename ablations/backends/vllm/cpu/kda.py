@@ -14,7 +14,7 @@ vLLM's calling conventions kept:
   token t into slot `state_indices[n, t]`; `num_accepted[n] <= 0` makes the row null (vLLM never
   passes it: its padding uses 1; its kernel would read the slot before the row).
 
-Prefill and verification run kda_overlap's off code (`opts.kda_overlap.vllm_kernels`, over
+Prefill and verification run kda_overlap's off code (`opts.kda_overlap.in_vllm.kernels`, over
 `naive.step_off`): the verification rows through the batched recurrent form with the state after
 every position, the prefill segments through the packed chunked form (chunks of 64). So the
 stock cell of the `kda_overlap` toggle is the function its microbenchmark calls off, and its `on`
@@ -27,7 +27,7 @@ import torch
 
 from opts import k3
 from opts.k3 import kda_gate as activate_gate
-from opts.kda_overlap.vllm_kernels import chunk_kda_with_fused_gate, fused_recurrent_kda
+from opts.kda_overlap.in_vllm.kernels import chunk_kda_with_fused_gate, fused_recurrent_kda
 from opts.vllm_setting import KDA_FORWARD
 
 __all__ = ["MIXED_STEP_COUNTER", "activate_gate", "chunk_kda_with_fused_gate", "fused_recurrent_kda",

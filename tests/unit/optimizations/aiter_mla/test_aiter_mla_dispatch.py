@@ -12,6 +12,7 @@ import torch
 from opts.aiter_mla import (
     AiterMLAConfig,
     aiter,
+    cpu_kernel,
     make_decode,
     make_inputs,
     naive,
@@ -19,7 +20,6 @@ from opts.aiter_mla import (
     select_backend,
     split_kv,
     vendor_backend,
-    vllm_cpu,
 )
 from opts.k3.mla import K3_TP8, absorb_query
 
@@ -78,7 +78,7 @@ def test_make_decode_off_is_the_split_kv_decode() -> None:
 
 
 def test_make_decode_on_without_vllm_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_cpu, "is_available", lambda: False)
+    monkeypatch.setattr(cpu_kernel, "is_available", lambda: False)
     with pytest.raises(ValueError, match="on \\(vllm_cpu\\) needs vllm-cpu installed"):
         make_decode(AiterMLAConfig(mode="on"), "cpu")
 
@@ -86,15 +86,15 @@ def test_make_decode_on_without_vllm_names_what_to_install(monkeypatch: pytest.M
 def test_vllm_not_installed_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    monkeypatch.setattr(vllm_cpu, "_ops", lambda: pytest.fail("imported vllm although it is not installed"))
-    assert vllm_cpu.is_available() is False
+    monkeypatch.setattr(cpu_kernel, "_ops", lambda: pytest.fail("imported vllm although it is not installed"))
+    assert cpu_kernel.is_available() is False
 
 
 def test_a_gpu_torch_has_no_vllm_cpu_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr(vllm_cpu, "_ops", lambda: pytest.fail("imported vllm on a GPU torch"))
-    assert vllm_cpu.is_available() is False
+    monkeypatch.setattr(cpu_kernel, "_ops", lambda: pytest.fail("imported vllm on a GPU torch"))
+    assert cpu_kernel.is_available() is False
 
 
 @pytest.fixture
@@ -108,17 +108,17 @@ def test_a_broken_vllm_install_raises(monkeypatch: pytest.MonkeyPatch, cpu_torch
     def broken():
         raise OSError("libgomp.so.1: cannot open shared object file")
 
-    monkeypatch.setattr(vllm_cpu, "_ops", broken)
+    monkeypatch.setattr(cpu_kernel, "_ops", broken)
     with pytest.raises(RuntimeError, match=r"vllm is installed but vllm._custom_ops fails to import \(OSError: "
                                            r"libgomp.so.1.*reinstall vllm-cpu"):
-        vllm_cpu.is_available()
+        cpu_kernel.is_available()
 
 
 def test_a_vllm_without_the_kernel_raises(monkeypatch: pytest.MonkeyPatch, cpu_torch_with_vllm: None) -> None:
-    monkeypatch.setattr(vllm_cpu, "_ops", lambda: None)
-    monkeypatch.setattr(vllm_cpu, "KERNEL", "no_such_kernel_op")
+    monkeypatch.setattr(cpu_kernel, "_ops", lambda: None)
+    monkeypatch.setattr(cpu_kernel, "KERNEL", "no_such_kernel_op")
     with pytest.raises(RuntimeError, match=r"torch.ops._C.no_such_kernel_op is not registered"):
-        vllm_cpu.is_available()
+        cpu_kernel.is_available()
 
 
 @pytest.mark.skipif(aiter.is_available(), reason="amd-aiter is installed here")

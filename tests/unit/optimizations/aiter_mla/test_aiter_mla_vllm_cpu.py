@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 
 import torch
 
-from opts.aiter_mla import AiterMLAConfig, DecodeInputs, make_decode, make_inputs, reference, vllm_cpu
+from opts.aiter_mla import AiterMLAConfig, DecodeInputs, cpu_kernel, make_decode, make_inputs, reference
 from opts.aiter_mla.cases import ATOL, RTOL, DecodeCase
 from opts.bench import checked_pair
 from opts.k3.mla import K3_TP8, absorb_query
@@ -34,7 +34,7 @@ CASES = {
 
 
 def test_the_kernel_is_available_here() -> None:
-    assert vllm_cpu.is_available()
+    assert cpu_kernel.is_available()
 
 
 @functools.cache
@@ -50,7 +50,7 @@ def case_inputs(case: str, dtype: torch.dtype) -> tuple[DecodeInputs, torch.Tens
 def test_on_matches_the_float64_reference(case: str, dtype: torch.dtype) -> None:
     inputs, ref = case_inputs(case, dtype)
     on = make_decode(AiterMLAConfig(mode="on"), "cpu")
-    assert on is vllm_cpu.decode
+    assert on is cpu_kernel.decode
     out = inputs.empty_out()
     assert on(*inputs.args(), out=out).data_ptr() == out.data_ptr()
     assert torch.isfinite(out).all(), "unwritten (NaN) elements, or a poisoned slot was read"
@@ -66,7 +66,8 @@ def test_a_strided_block_table_is_read_by_rows() -> None:
     assert not strided.is_contiguous()
     args = list(inputs.args())
     args[3] = strided
-    torch.testing.assert_close(vllm_cpu.decode(*args).double(), reference.decode(*inputs.args()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cpu_kernel.decode(*args).double(), reference.decode(*inputs.args()), atol=1e-5,
+                               rtol=1e-5)
 
 
 def test_bench_case_passes_the_harness_check_and_a_wrong_on_fails_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,12 +77,12 @@ def test_bench_case_passes_the_harness_check_and_a_wrong_on_fails_it(monkeypatch
     assert (case.atol, case.rtol) == (ATOL, RTOL)
     _, diff = checked_pair(case, "cpu")
     assert diff <= case.atol
-    real = vllm_cpu.latent_attention
+    real = cpu_kernel.latent_attention
 
     def rows_swapped(q, kv_cache, block_table, context_lens, scale, rank):
         return real(q, kv_cache, block_table.flip(0), context_lens.flip(0), scale, rank)
 
-    monkeypatch.setattr(vllm_cpu, "latent_attention", rows_swapped)
+    monkeypatch.setattr(cpu_kernel, "latent_attention", rows_swapped)
     with pytest.raises(AssertionError, match="small: on != off"):
         checked_pair(case, "cpu")
 
@@ -90,10 +91,10 @@ def test_unsupported_shapes_are_refused() -> None:
     inputs = make_inputs([40], block_size=64, dtype=torch.bfloat16)
     q = absorb_query(inputs.q_nope, inputs.q_pe, inputs.w_uk)
     with pytest.raises(ValueError, match="block size 64; vLLM's CPU MLA kernel takes only 16"):
-        vllm_cpu.latent_attention(q, inputs.kv_cache, inputs.block_table, inputs.context_lens, 0.1, 512)
+        cpu_kernel.latent_attention(q, inputs.kv_cache, inputs.block_table, inputs.context_lens, 0.1, 512)
     with pytest.raises(ValueError, match="block size 64"):
-        vllm_cpu.decode(*inputs.args())
+        cpu_kernel.decode(*inputs.args())
     small = make_inputs([40], block_size=16, dtype=torch.bfloat16)
     q = absorb_query(small.q_nope, small.q_pe, small.w_uk)
     with pytest.raises(ValueError, match=r"latent 576 wide, kv_lora_rank 256; .* takes only 576 and 512"):
-        vllm_cpu.latent_attention(q, small.kv_cache, small.block_table, small.context_lens, K3_TP8.softmax_scale, 256)
+        cpu_kernel.latent_attention(q, small.kv_cache, small.block_table, small.context_lens, K3_TP8.softmax_scale, 256)

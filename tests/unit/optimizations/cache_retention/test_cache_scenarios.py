@@ -11,7 +11,7 @@ import pytest
 from opts.cache_retention.cases import bench_cases
 from opts.k3.cache.geometry import K3_TP8, TINY
 
-sweep = importlib.import_module("opts.cache_retention.sweep")   # the package exports a function `sweep`
+sweep = importlib.import_module("opts.cache_retention.bench.sweep")   # the package exports a function `sweep`
 
 
 def test_the_workload_hands_down_the_built_in_scenarios() -> None:

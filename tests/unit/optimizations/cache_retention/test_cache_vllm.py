@@ -9,7 +9,7 @@ import pytest
 
 from opts.cache_retention import vllm as cache_vllm
 from opts.cache_retention.config import CacheRetentionConfig
-from opts.cache_retention.vllm_pool import SessionFreeQueue
+from opts.cache_retention.in_vllm import SessionFreeQueue
 from opts.vllm_setting import PLATFORMS
 
 ON = CacheRetentionConfig(mode="on", resume_from="prompt_tail", resume_unit=16)

@@ -6,8 +6,8 @@ import pytest
 from test_draft_measure import TINY
 
 from opts.draft_length import OPTIMIZATION
+from opts.draft_length.bench.runner import check_out_dir, run_bench
 from opts.draft_length.cases import FIXED_K, GoodputCase, bench_cases
-from opts.draft_length.runner import check_out_dir, run_bench
 
 
 def test_the_case_sets():

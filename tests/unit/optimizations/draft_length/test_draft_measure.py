@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from opts.draft_length.acceptance import expected_tokens_curve, profile_alphas
+from opts.draft_length.bench.evaluate import evaluate, quantile, split_repeats, table
+from opts.draft_length.bench.stack import Stack, StackShape
+from opts.draft_length.bench.step_times import Measurements, Sample, measure
 from opts.draft_length.chooser import choose_k, choose_schedule
 from opts.draft_length.config import COST_FIELDS
 from opts.draft_length.cost import StepCost
-from opts.draft_length.evaluate import evaluate, quantile, split_repeats, table
-from opts.draft_length.measure import Measurements, Sample, measure
 from opts.draft_length.schedule import k_for_batch
-from opts.draft_length.stack import Stack, StackShape
 from opts.k3 import K3Spec
 
 TINY = StackShape(K3Spec(

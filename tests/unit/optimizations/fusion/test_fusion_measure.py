@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from opts.fusion.measure import count_ops, profile_call, tensor_bytes
+from opts.fusion.bench.measured_traffic import count_ops, profile_call, tensor_bytes
 
 
 def test_count_ops_reads_inputs_writes_outputs_and_skips_views():

@@ -23,7 +23,6 @@ from opts.fusion import (
     attn_res_unfused,
     counterfactual,
     decode_args,
-    engine,
     kda_decode_cost,
     make_attn_res,
     make_kda_decode,
@@ -31,10 +30,11 @@ from opts.fusion import (
     mla_norm_cost,
     naive,
     norm_args,
+    passes,
 )
+from opts.fusion.bench.measured_traffic import count_ops, inductor_account, profile_call
 from opts.fusion.cases import bench_cases
 from opts.fusion.fused import _attn_res_body
-from opts.fusion.measure import count_ops, inductor_account, profile_call
 
 DTYPES = [torch.float32, torch.bfloat16]
 SCALAR_BYTES = 8     # the profiler also sees 0-dim scalar temporaries that ops create internally
@@ -60,9 +60,9 @@ def _mla(shape, dtype):
     q_c, kv_c, q_weight, kv_weight, eps = norm_args(*make_mla_norm(replace(shape, num_tokens=rows), dtype))
     q, kv = torch.empty(q_c.shape, dtype=dtype), torch.empty(kv_c.shape, dtype=dtype)
     return Build(mla_norm_cost(shape, dtype), lambda: naive.q_kv_rms_norm(*args),
-                 lambda: engine.q_kv_rms_norm_fused(*args),
+                 lambda: passes.q_kv_rms_norm_fused(*args),
                  [(naive._rms_norm_body, q_c, q_weight, q, eps), (naive._rms_norm_body, kv_c, kv_weight, kv, eps)],
-                 (engine._q_kv_norm_body, q_c, kv_c, q_weight, kv_weight, eps))
+                 (passes._q_kv_norm_body, q_c, kv_c, q_weight, kv_weight, eps))
 
 
 def _kda(shape, dtype, lower_bound):
@@ -77,9 +77,9 @@ def _kda(shape, dtype, lower_bound):
                   (naive._recurrence_slots_body, conv_out, s.raw_g, s.raw_beta, layer.A_log, layer.dt_bias,
                    s.state_pool, s.slots, lower_bound, layer.qk_scale),
                   (naive._gated_norm_body, out, s.output_gate, layer.norm_weight, y, layer.norm_eps)]
-    on_body = (engine._kda_decode_slots_body, *decode_args(layer, s, out))
+    on_body = (passes._kda_decode_slots_body, *decode_args(layer, s, out))
     return Build(kda_decode_cost(shape, dtype), lambda: naive.kda_decode_slots_unfused(*off),
-                 lambda: engine.kda_decode_slots_fused(*on), off_bodies, on_body)
+                 lambda: passes.kda_decode_slots_fused(*on), off_bodies, on_body)
 
 
 def _attn(shape, dtype):

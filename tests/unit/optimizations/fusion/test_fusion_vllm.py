@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from opts.fusion import FusionConfig, engine, naive
+from opts.fusion import FusionConfig, in_vllm, naive
+from opts.fusion import passes as on_passes
 from opts.fusion import vllm as setting
 from opts.fusion.dynamic import dynamic
 from opts.k3 import rms_norm_f64
@@ -73,7 +74,7 @@ def test_every_cpu_cell_patches_each_mechanism_fused_or_unfused(mode, mechanisms
 def test_the_wraps_put_in_the_off_and_on_passes():
     stock = object()
     for mode, norm, decode in (("off", naive.q_kv_rms_norm, naive.kda_decode_slots_unfused),
-                               ("on", engine.q_kv_rms_norm_fused, engine.kda_decode_slots_fused)):
+                               ("on", on_passes.q_kv_rms_norm_fused, on_passes.kda_decode_slots_fused)):
         patches = {p.target: p for p in setting.vllm_setting(FusionConfig(mode=mode), "cpu").patches}
         assert patches[NORM].wrap(stock) is norm
         base = lambda self, **kwargs: None  # noqa: E731
@@ -143,10 +144,10 @@ def test_the_rocm_norms_run_the_fused_op_or_the_two_layers():
 
     layer = SimpleNamespace(q_a_layernorm=Norm("q"), kv_a_layernorm=Norm("kv"))
     q, kv = torch.ones(3, 4), torch.ones(3, 4) * 3
-    got = setting.rocm_normalize_q_kv(False)(layer, q, kv)
+    got = in_vllm.rocm_normalize_q_kv(False)(layer, q, kv)
     assert calls == ["q", "kv"] and torch.equal(got[0], q * 2) and torch.equal(got[1], kv * 2)
     with pytest.raises((AttributeError, RuntimeError), match="fused_mla_dual_rms_norm"):
-        setting.rocm_normalize_q_kv(True)(layer, q, kv)     # AITER's op: registered only on ROCm with aiter
+        in_vllm.rocm_normalize_q_kv(True)(layer, q, kv)     # AITER's op: registered only on ROCm with aiter
     assert calls == ["q", "kv"]
     (off,) = [p for p in setting.vllm_setting(FusionConfig(mode="off"), "rocm").patches if p.target == ROCM_SUPPORTED]
     assert off.wrap(object())(12, 128, 4, 0, torch.bfloat16, torch.bfloat16) is False
@@ -183,7 +184,7 @@ def test_every_target_exists_and_off_and_on_take_its_arguments(vllm):
     from vllm.models.kimi_k3.amd import mla as amd_mla
 
     rocm_norm = amd_mla.KimiK3MultiHeadLatentAttentionWrapper._normalize_q_kv
-    assert list(inspect.signature(setting.rocm_normalize_q_kv(True)).parameters) == list(
+    assert list(inspect.signature(in_vllm.rocm_normalize_q_kv(True)).parameters) == list(
         inspect.signature(rocm_norm).parameters)
     source = inspect.getsource(rocm_norm)       # the two paths the patch pins, as vLLM 0.32 writes them
     assert "torch.ops.vllm.fused_mla_dual_rms_norm(" in source and "return q_layernorm(q_c), kv_layernorm(kv_c)" \
@@ -191,13 +192,13 @@ def test_every_target_exists_and_off_and_on_take_its_arguments(vllm):
     assert "is_fused_kda_decode_supported(" in inspect.getsource(amd_kda.KimiK3DeltaAttention.__init__)
     assert "ops.fused_kda_decode(" in inspect.getsource(amd_kda.KimiK3DeltaAttention._forward)
     stock = list(inspect.signature(fused_q_kv_rmsnorm).parameters)
-    assert list(inspect.signature(engine.q_kv_rms_norm_fused).parameters) == stock
+    assert list(inspect.signature(on_passes.q_kv_rms_norm_fused).parameters) == stock
     assert list(inspect.signature(naive.q_kv_rms_norm).parameters) == stock
     assert (inspect.signature(naive.kda_decode_slots_unfused).parameters.keys()
-            == inspect.signature(engine.kda_decode_slots_fused).parameters.keys())
+            == inspect.signature(on_passes.kda_decode_slots_fused).parameters.keys())
     forward = list(inspect.signature(stock_forward()).parameters)
     for fused in (False, True):
-        assert list(inspect.signature(setting.route_plain_decode(stock_forward(), fused)).parameters) \
+        assert list(inspect.signature(in_vllm.route_plain_decode(stock_forward(), fused)).parameters) \
             == forward
 
 
@@ -231,14 +232,14 @@ def test_off_and_on_norms_equal_stock_and_the_reference_at_any_token_count(vllm,
     """One graph per pass serves every token count (a single row runs as two), both widths for off."""
     from ablations.backends.vllm.cpu import mla
 
-    passes = [dynamic(*naive.RMS_NORM_PASS), dynamic(*engine.Q_KV_NORM_PASS)]
+    passes = [dynamic(*naive.RMS_NORM_PASS), dynamic(*on_passes.Q_KV_NORM_PASS)]
     before = [p.num_graphs for p in passes]
     tol = TOL if dtype == torch.float32 else BF16_TOL
     for n in (2, 1, 5, 16, 33, 1, 7) if dtype == torch.float32 else (9, 1):   # as an engine: more rows first
         qr, kv, wq, wkv = q_kv_inputs(n, dtype, seed=n)
         stock = mla.fused_q_kv_rmsnorm(qr, kv, wq, wkv, 1e-6)
         off = naive.q_kv_rms_norm(qr, kv, wq, wkv, 1e-6)
-        on = engine.q_kv_rms_norm_fused(qr, kv, wq, wkv, 1e-6)
+        on = on_passes.q_kv_rms_norm_fused(qr, kv, wq, wkv, 1e-6)
         for i, (x, w) in enumerate(((qr, wq), (kv, wkv))):
             assert off[i].data_ptr() not in (x.data_ptr(), on[i].data_ptr())
             for got in (off[i], on[i]):
@@ -248,7 +249,7 @@ def test_off_and_on_norms_equal_stock_and_the_reference_at_any_token_count(vllm,
     assert all(p.num_graphs > 0 and p.num_graphs - b <= 1 for p, b in zip(passes, before, strict=True))
 
 
-@pytest.mark.parametrize("norm", [naive.q_kv_rms_norm, engine.q_kv_rms_norm_fused], ids=["off", "on"])
+@pytest.mark.parametrize("norm", [naive.q_kv_rms_norm, on_passes.q_kv_rms_norm_fused], ids=["off", "on"])
 def test_norms_of_no_tokens_and_bad_shapes(norm):
     qr, kv, wq, wkv = q_kv_inputs(0, torch.float32)
     q, k = norm(qr, kv, wq, wkv, 1e-6)

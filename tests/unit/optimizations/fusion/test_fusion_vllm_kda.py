@@ -2,7 +2,7 @@
 
 Stock vLLM-CPU runs a plain decode step as vLLM's `_forward`: the S8 conv update, the S4 packed decode, the two
 copies and vLLM's `o_norm`, eagerly. Off (`naive.kda_decode_slots_unfused`: three compiled passes, vLLM's copies
-between them) and on (`engine.kda_decode_slots_fused`: one compiled pass) must equal it within fp32 summation
+between them) and on (`on_passes.kda_decode_slots_fused`: one compiled pass) must equal it within fp32 summation
 order (TOL), on seeded inputs: both gate forms, a null slot, padding rows, two steps in a row, state pools laid
 out as vLLM's (two views of one storage).
 """
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from opts.fusion import engine, naive
-from opts.fusion import vllm as setting
+from opts.fusion import in_vllm, naive
+from opts.fusion import passes as on_passes
 from opts.fusion.dynamic import dynamic
 
 TOL = {"atol": 2e-6, "rtol": 2e-6}            # fp32: summation order only (measured max 6e-7 on outputs ~1)
@@ -111,7 +111,7 @@ def decode_calls(monkeypatch):
         return decode
 
     monkeypatch.setattr(naive, "kda_decode_slots_unfused", spy("off", naive.kda_decode_slots_unfused))
-    monkeypatch.setattr(engine, "kda_decode_slots_fused", spy("on", engine.kda_decode_slots_fused))
+    monkeypatch.setattr(on_passes, "kda_decode_slots_fused", spy("on", on_passes.kda_decode_slots_fused))
     return calls
 
 
@@ -140,7 +140,7 @@ def test_off_and_on_equal_vllms_plain_decode_step(cpu_fixes, decode_calls, mode,
     want_layer, got_layer = kda_layer(None, lower_bound), kda_layer(None, lower_bound)
     want, got = decode_step(num_tokens), decode_step(num_tokens)
     run_forward(stock, want_layer, want, metadata(slots))
-    run_forward(setting.route_plain_decode(stock, MODES[mode]), got_layer, got, metadata(slots))
+    run_forward(in_vllm.route_plain_decode(stock, MODES[mode]), got_layer, got, metadata(slots))
     n = len(slots)
     assert decode_calls == [(mode, n)]
     out = got["core_attn_out"][0, :n]
@@ -165,7 +165,7 @@ def test_two_steps_continue_from_the_states_written_back(cpu_fixes, decode_calls
     for seed in (4, 5):
         want, got = decode_step(3, seed), decode_step(3, seed)
         run_forward(stock, want_layer, want, metadata(slots))
-        run_forward(setting.route_plain_decode(stock, MODES[mode]), got_layer, got, metadata(slots))
+        run_forward(in_vllm.route_plain_decode(stock, MODES[mode]), got_layer, got, metadata(slots))
         torch.testing.assert_close(got["core_attn_out"], want["core_attn_out"], **TOL)
     assert decode_calls == [(mode, 3), (mode, 3)]
 
@@ -174,7 +174,7 @@ def test_two_steps_continue_from_the_states_written_back(cpu_fixes, decode_calls
 @pytest.mark.parametrize(("prefills", "spec"), [(1, 0), (0, 2), (3, 0)], ids=["mixed", "spec", "prefill_only"])
 def test_every_other_step_runs_the_wrapped_forward_unchanged(vllm, decode_calls, mode, prefills, spec):
     seen = []
-    forward = setting.route_plain_decode(lambda self, **kwargs: seen.append((self, kwargs)), MODES[mode])
+    forward = in_vllm.route_plain_decode(lambda self, **kwargs: seen.append((self, kwargs)), MODES[mode])
     layer, step, slots = kda_layer(vllm, None), decode_step(3), [1, 2, 3]
     run_forward(forward, layer, step, metadata(slots, prefills, spec))
     assert decode_calls == [] and len(seen) == 1
@@ -184,7 +184,7 @@ def test_every_other_step_runs_the_wrapped_forward_unchanged(vllm, decode_calls,
 @pytest.mark.parametrize("mode", MODES)
 def test_a_plain_decode_step_of_a_speculative_engine_runs_the_wrapped_forward(vllm, decode_calls, mode):
     seen = []
-    forward = setting.route_plain_decode(lambda self, **kwargs: seen.append(kwargs), MODES[mode])
+    forward = in_vllm.route_plain_decode(lambda self, **kwargs: seen.append(kwargs), MODES[mode])
     layer = kda_layer(vllm, None)
     layer.num_spec = 2                   # its conv state holds 3 + 2 columns: vLLM's fused decode refuses it too
     run_forward(forward, layer, decode_step(2), metadata([1, 2]))
@@ -196,39 +196,39 @@ def test_without_this_layers_metadata_the_wrapped_forward_runs(vllm, decode_call
     from vllm.forward_context import override_forward_context
 
     seen = []
-    forward = setting.route_plain_decode(lambda self, **kwargs: seen.append(kwargs), MODES[mode])
+    forward = in_vllm.route_plain_decode(lambda self, **kwargs: seen.append(kwargs), MODES[mode])
     with override_forward_context(SimpleNamespace(attn_metadata=None)):
         forward(kda_layer(vllm, None), **decode_step(1))
     assert decode_calls == [] and len(seen) == 1
 
 
 PASSES = {"off": [naive.CONV_SLOTS_PASS, naive.RECURRENCE_SLOTS_PASS, naive.GATED_NORM_PASS],
-          "on": [engine.KDA_DECODE_PASS]}
+          "on": [on_passes.KDA_DECODE_PASS]}
 
 
 def test_a_one_row_gate_gets_the_projections_row_stride(vllm):
     layer, step = kda_layer(vllm, None), decode_step(1)
     assert step["g2"].stride(0) != step["mixed_qkv"].stride(0)       # what forward()'s rearrange gives one row
-    gate = setting.decode_step_args(layer, metadata([4]), **step)[9]
+    gate = in_vllm.decode_step_args(layer, metadata([4]), **step)[9]
     assert gate.stride(0) == step["mixed_qkv"].stride(0) and torch.equal(gate, step["g2"])
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_pass_compiles_one_graph_for_any_batch(vllm, mode):
     """A single row runs as two equal rows laid out as vLLM's (dynamic.as_two_rows), so it needs no graph of its
-    own. float64 activations: a signature no other test compiles; more rows first, as in an engine."""
+    own. float64 activations: a signature no other test compiles; more rows first, as in an on_passes."""
     from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
 
     passes = [dynamic(*spec) for spec in PASSES[mode]]
     before = [p.num_graphs for p in passes]
-    forward = setting.route_plain_decode(KimiK3DeltaAttention._forward, MODES[mode])
+    forward = in_vllm.route_plain_decode(KimiK3DeltaAttention._forward, MODES[mode])
     layer = kda_layer(None, None)
     for slots in ([1, 2], [4], [3, 5, 7, 9, 11], [6], list(range(1, 12)), [2, 3, 4]):
         run_forward(forward, layer, decode_step(len(slots), dtype=torch.float64), metadata(slots))
     assert [p.num_graphs - b for p, b in zip(passes, before, strict=True)] == [1] * len(passes)
 
 
-@pytest.mark.parametrize("decode", [naive.kda_decode_slots_unfused, engine.kda_decode_slots_fused],
+@pytest.mark.parametrize("decode", [naive.kda_decode_slots_unfused, on_passes.kda_decode_slots_fused],
                          ids=["off", "on"])
 def test_bad_shapes_name_the_argument(decode):
     pools = torch.zeros(SLOTS, C, W - 1), torch.zeros(SLOTS, H, D, D)

@@ -17,8 +17,10 @@ import pytest
 import torch
 from kda_vllm_cases import PREFIX, mixed_case, serial_forward
 
-from opts.kda_overlap import KdaOverlapConfig, vllm_kernels, vllm_overlap
+from opts.kda_overlap import KdaOverlapConfig
 from opts.kda_overlap import vllm as setting
+from opts.kda_overlap.in_vllm import forward as overlap
+from opts.kda_overlap.in_vllm import kernels as vllm_kernels
 from opts.kda_overlap.step import side_stream
 from opts.vllm_setting import PLATFORMS
 
@@ -49,7 +51,7 @@ def test_on_is_four_patches_and_only_the_packed_pass_is_counted(platform):
     assert all(p.why.startswith("kda_overlap=on") for p in result.patches)
     forward = result.patches[0].wrap(lambda self: None)
     assert forward.__wrapped__ is not None
-    assert result.patches[3].wrap(vllm_overlap.packed_step) is vllm_overlap.packed_step
+    assert result.patches[3].wrap(overlap.packed_step) is overlap.packed_step
 
 
 @pytest.mark.parametrize(("mode", "platform", "valid"), [
@@ -67,7 +69,7 @@ def test_streams_on_a_gpu_is_four_patches_and_only_the_two_stream_step_is_counte
     assert tuple(p.target for p in result.patches) == (*TARGETS[:3], setting.STREAMED_TARGET)
     assert [p.counter for p in result.patches] == [None, None, None, "kda_overlap_streamed_step"]
     assert result.patches[2].wrap(OFF.chunk_kda_with_fused_gate).__wrapped__ is OFF.chunk_kda_with_fused_gate
-    assert result.patches[3].wrap(vllm_overlap.streamed_step) is vllm_overlap.streamed_step
+    assert result.patches[3].wrap(overlap.streamed_step) is overlap.streamed_step
 
 
 def test_a_bad_platform_or_config_is_refused():
@@ -80,7 +82,7 @@ def test_a_bad_platform_or_config_is_refused():
 def test_the_package_does_not_import_ablations_or_vllm_at_import_time():
     from pathlib import Path
 
-    for path in Path(vllm_overlap.__file__).parent.glob("*.py"):
+    for path in Path(overlap.__file__).parents[1].rglob("*.py"):
         text = path.read_text()
         assert "ablations" not in re.sub(r'""".*?"""', "", text, flags=re.S), path.name
         assert not re.search(r"^(from vllm|import vllm)", text, flags=re.M), path.name
@@ -103,9 +105,9 @@ def test_every_target_exists_in_vllm_and_the_wrappers_take_its_arguments(vllm):
     for target in (*TARGETS, setting.STREAMED_TARGET):
         owner, attr = resolve(target)
         assert callable(getattr(owner, attr))
-    for stock, ours in ((fused_recurrent.fused_recurrent_kda, vllm_overlap.defer_verify(None)),
-                        (chunk.chunk_kda_with_fused_gate, vllm_overlap.packed_prefill(None)),
-                        (chunk.chunk_kda_with_fused_gate, vllm_overlap.streamed_prefill(None)),
+    for stock, ours in ((fused_recurrent.fused_recurrent_kda, overlap.defer_verify(None)),
+                        (chunk.chunk_kda_with_fused_gate, overlap.packed_prefill(None)),
+                        (chunk.chunk_kda_with_fused_gate, overlap.streamed_prefill(None)),
                         (fused_recurrent.fused_recurrent_kda, vllm_kernels.fused_recurrent_kda),
                         (chunk.chunk_kda_with_fused_gate, vllm_kernels.chunk_kda_with_fused_gate)):
         names = list(inspect.signature(ours, follow_wrapped=False).parameters)
@@ -145,20 +147,20 @@ OFF = SimpleNamespace(fused_recurrent_kda=vllm_kernels.fused_recurrent_kda,
 def packed_calls(monkeypatch):
     """Calls of the packed pass, spied where the patch layer counts it (the module attribute)."""
     calls = []
-    real = vllm_overlap.packed_step
+    real = overlap.packed_step
 
     def spy(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(vllm_overlap, "packed_step", spy)
+    monkeypatch.setattr(overlap, "packed_step", spy)
     return calls
 
 
 def run_on(case, chunk_size=64, spec_out=None, **layer_values):
-    ops = SimpleNamespace(fused_recurrent_kda=vllm_overlap.defer_verify(OFF.fused_recurrent_kda),
-                          chunk_kda_with_fused_gate=vllm_overlap.packed_prefill(OFF.chunk_kda_with_fused_gate))
-    forward = vllm_overlap.overlap_forward(lambda self, c: serial_forward(c, ops, spec_out), chunk_size)
+    ops = SimpleNamespace(fused_recurrent_kda=overlap.defer_verify(OFF.fused_recurrent_kda),
+                          chunk_kda_with_fused_gate=overlap.packed_prefill(OFF.chunk_kda_with_fused_gate))
+    forward = overlap.overlap_forward(lambda self, c: serial_forward(c, ops, spec_out), chunk_size)
     return forward(layer(**layer_values), case)
 
 
@@ -195,8 +197,8 @@ def test_other_steps_run_off_exactly(vllm, packed_calls, num_prefills, num_spec_
 
 def test_outside_a_marked_step_the_kernels_pass_through(packed_calls):
     off, on = mixed_case(seed=9), mixed_case(seed=9)
-    ops = SimpleNamespace(fused_recurrent_kda=vllm_overlap.defer_verify(OFF.fused_recurrent_kda),
-                          chunk_kda_with_fused_gate=vllm_overlap.packed_prefill(OFF.chunk_kda_with_fused_gate))
+    ops = SimpleNamespace(fused_recurrent_kda=overlap.defer_verify(OFF.fused_recurrent_kda),
+                          chunk_kda_with_fused_gate=overlap.packed_prefill(OFF.chunk_kda_with_fused_gate))
     for a, b in zip(serial_forward(on, ops), serial_forward(off, OFF), strict=True):
         assert torch.equal(a, b)
     assert packed_calls == []
@@ -215,13 +217,13 @@ def test_streams_run_the_verification_on_a_side_stream_and_equal_off_exactly(vll
     the prefill kernel on the current one, the same kernels as off, so every output and state bit-exact; one
     two-stream step per mixed step, none otherwise."""
     calls, seen = [], []
-    real = vllm_overlap.streamed_step
-    monkeypatch.setattr(vllm_overlap, "streamed_step", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = overlap.streamed_step
+    monkeypatch.setattr(overlap, "streamed_step", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     verify = on_stream(OFF.fused_recurrent_kda, seen, "verify")
     prefill = on_stream(OFF.chunk_kda_with_fused_gate, seen, "prefill")
-    ops = SimpleNamespace(fused_recurrent_kda=vllm_overlap.defer_verify(verify),
-                          chunk_kda_with_fused_gate=vllm_overlap.streamed_prefill(prefill))
-    forward = vllm_overlap.overlap_forward(lambda self, c: serial_forward(c, ops), 64)
+    ops = SimpleNamespace(fused_recurrent_kda=overlap.defer_verify(verify),
+                          chunk_kda_with_fused_gate=overlap.streamed_prefill(prefill))
+    forward = overlap.overlap_forward(lambda self, c: serial_forward(c, ops), 64)
     off, on = mixed_case(seed=12), mixed_case(seed=12)
     with mixed_context(3, 4):
         want = serial_forward(off, OFF)
@@ -240,11 +242,11 @@ def test_streams_run_the_verification_on_a_side_stream_and_equal_off_exactly(vll
 
 def test_a_deferred_call_the_step_never_consumes_is_an_error(vllm):
     case = mixed_case(seed=10)
-    verify_only = vllm_overlap.defer_verify(OFF.fused_recurrent_kda)
-    forward = vllm_overlap.overlap_forward(lambda self, c: verify_only(**c.verify, initial_state=c.cache), 64)
+    verify_only = overlap.defer_verify(OFF.fused_recurrent_kda)
+    forward = overlap.overlap_forward(lambda self, c: verify_only(**c.verify, initial_state=c.cache), 64)
     with mixed_context(3, 4), pytest.raises(RuntimeError, match="deferred its verification rows but never"):
         forward(layer(), case)
-    assert vllm_overlap.current_call() is None
+    assert overlap.current_call() is None
 
 
 def test_installed_through_the_patch_layer_the_kernels_of_a_mixed_step_are_replaced(vllm, monkeypatch):

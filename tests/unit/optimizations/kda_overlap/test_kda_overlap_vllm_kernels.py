@@ -15,7 +15,7 @@ from kda_vllm_cases import ACCEPTED, VERIFY_CU, VERIFY_SLOTS, D, H, mixed_case
 
 from opts.k3 import kda_gate, l2_normalize
 from opts.kda_overlap import MixedStep, reference_step, step_off, step_on
-from opts.kda_overlap import vllm_kernels as vk
+from opts.kda_overlap.in_vllm import kernels as vk
 
 LIVE_ROWS = [0, 1, 4]
 NULL_TOKENS = [6, 7, 8]

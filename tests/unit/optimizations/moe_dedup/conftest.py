@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from opts.moe_dedup.dist import RankPool
+from opts.moe_dedup.bench.ranks import RankPool
 
 WORLD_SIZE = 2
 

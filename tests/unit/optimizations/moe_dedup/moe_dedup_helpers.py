@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from opts.moe_dedup.dist import Comm
+from opts.moe_dedup.bench.ranks import Comm
 
 # fp32 ranks against the float64 reference: |diff| <= REF_RTOL * max |reference| (the output's scale, ~4 here;
 # what fp32 leaves is ~1e-6 of it: GEMM sums of <= 256 terms and the collectives' sums in other orders).

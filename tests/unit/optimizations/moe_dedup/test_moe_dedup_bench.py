@@ -8,8 +8,8 @@ import json
 import pytest
 
 from opts.moe_dedup import OPTIMIZATION
+from opts.moe_dedup.bench.runner import crossover, run_bench
 from opts.moe_dedup.cases import DistCase, bench_cases
-from opts.moe_dedup.runner import crossover, run_bench
 from opts.moe_dedup.shape import K3_MOE, K3_MOE_BENCH, TEST_SHAPE
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from moe_dedup_helpers import collectives, fail_while_peer_waits, hang, raise_on
 
-from opts.moe_dedup.dist import RankError, RankPool, free_port, run_ranks
+from opts.moe_dedup.bench.ranks import RankError, RankPool, free_port, run_ranks
 
 
 @pytest.mark.spawns

@@ -9,8 +9,8 @@ import pytest
 import torch
 from moe_dedup_helpers import REF_RTOL, assert_near_reference
 
+from opts.moe_dedup.bench.ranks import RankError, RankPool
 from opts.moe_dedup.config import MoeDedupConfig
-from opts.moe_dedup.dist import RankError, RankPool
 from opts.moe_dedup.layer import layer_job, random_tokens
 from opts.moe_dedup.reference import reference_layer
 from opts.moe_dedup.shape import TEST_SHAPE, MoeShape

@@ -8,9 +8,9 @@ import pytest
 import torch
 from moe_dedup_helpers import assert_near_reference
 
+from opts.moe_dedup.bench.rank_case import tail_job, tail_partials
 from opts.moe_dedup.counts import mode_counts
 from opts.moe_dedup.layer import latent_norm
-from opts.moe_dedup.measure import tail_job, tail_partials
 from opts.moe_dedup.naive import tail_off
 from opts.moe_dedup.reference import reference_tail
 from opts.moe_dedup.shape import TEST_SHAPE

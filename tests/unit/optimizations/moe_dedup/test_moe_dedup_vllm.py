@@ -11,7 +11,7 @@ import inspect
 import pytest
 import torch
 
-from opts.moe_dedup import MoeDedupConfig, vllm_tail
+from opts.moe_dedup import MoeDedupConfig, in_vllm
 from opts.moe_dedup import vllm as setting
 from opts.vllm_setting import PLATFORMS
 
@@ -97,7 +97,7 @@ def test_the_runner_parts_the_replacements_read_are_vllms(vllm_runners):
         source = inspect.getsource(runner._shard_up_proj_tail)
         assert "transform.up_proj.weight" in source and "transform.norm" in source
     rocm = inspect.getsource(vllm_runners[setting.ROCM_RUNNER].__init__)
-    assert 'getattr(transform, "row_sharded", False)' in rocm   # the rows vllm_tail.full_up_weight gathers
+    assert 'getattr(transform, "row_sharded", False)' in rocm   # the rows in_vllm.full_up_weight gathers
 
 
 def test_always_and_by_tokens_pick_the_tail_by_token_count():
@@ -111,8 +111,8 @@ def test_always_and_by_tokens_pick_the_tail_by_token_count():
         calls.append(("base", fused.shape[0]))
         return "base"
 
-    tiered = vllm_tail.by_tokens(4, small)(base)
-    replaced = vllm_tail.always(small)(base)
+    tiered = in_vllm.by_tokens(4, small)(base)
+    replaced = in_vllm.always(small)(base)
     assert [tiered(None, torch.zeros(t, 2), None, None) for t in (1, 4, 5)] == ["small", "small", "base"]
     assert replaced(None, torch.zeros(9, 2), None, None) == "small"
     assert calls == [("small", 1), ("small", 4), ("base", 5), ("small", 9)]
@@ -130,4 +130,4 @@ def test_a_replicated_up_projection_is_used_as_it_is():
         routed_output_transform = Transform()
 
     Transform.up_proj.weight.data = weight
-    assert vllm_tail.full_up_weight(Runner()) is Transform.up_proj.weight
+    assert in_vllm.full_up_weight(Runner()) is Transform.up_proj.weight

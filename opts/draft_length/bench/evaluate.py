@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from opts.draft_length.acceptance import check_k, expected_tokens_curve, profile_alphas
+from opts.draft_length.bench.step_times import Measurements
 from opts.draft_length.chooser import choose_schedule
 from opts.draft_length.config import PROFILES
 from opts.draft_length.cost import StepCost, fit_step_cost
-from opts.draft_length.measure import Measurements
 from opts.draft_length.schedule import Schedule, buckets, k_for_batch
 
 NOISE_QUANTILE = 0.9

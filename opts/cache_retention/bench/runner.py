@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from opts.bench import make_out_dir
+from opts.cache_retention.bench.plot import plot_sweep
+from opts.cache_retention.bench.sweep import SweepResult, available_cores, sweep
 from opts.cache_retention.cases import HitRateCase
-from opts.cache_retention.plot import plot_sweep
-from opts.cache_retention.sweep import SweepResult, available_cores, sweep
 from opts.machine import cpu_model
 
 DEFAULT_OUT = Path("outputs") / "cache_retention"

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from opts.draft_length.acceptance import check_k
+from opts.draft_length.bench.stack import Stack, StackCache, StackShape
 from opts.draft_length.cost import check_batch
-from opts.draft_length.stack import Stack, StackCache, StackShape
 
 
 @dataclass(frozen=True)

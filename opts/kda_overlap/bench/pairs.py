@@ -1,6 +1,6 @@
 """Per-pair off/on ratios for kda_overlap's cases, for machines too noisy for a ratio of medians.
 
-    python -m opts.kda_overlap.pairs --seconds 40 [--quick] [--case verify]
+    python -m opts.kda_overlap.bench.pairs --seconds 40 [--quick] [--case verify]
 
 Off and on run back to back, the order flipped every pair; each pair's off/on ratio shares its moment's load.
 """
@@ -15,7 +15,7 @@ from opts.kda_overlap.cases import bench_cases
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opts.kda_overlap.pairs", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m opts.kda_overlap.bench.pairs", description=__doc__)
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds per case (verify-only gets half)")
     parser.add_argument("--quick", action="store_true", help="the small case set")
     parser.add_argument("--case", help="only the cases whose name contains this")

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from opts.moe_dedup.bench.ranks import Comm
 from opts.moe_dedup.cases import CHECK_RTOL, DistCase
 from opts.moe_dedup.config import MoeDedupConfig
 from opts.moe_dedup.counts import mode_counts
-from opts.moe_dedup.dist import Comm
 from opts.moe_dedup.layer import latent_norm, moe_layer, random_tokens, rank_weights
 from opts.moe_dedup.naive import tail_off
 from opts.moe_dedup.sequence import own_tokens, tail_sp, token_chunk

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opts.cache_retention.sweep import SweepResult
+from opts.cache_retention.bench.sweep import SweepResult
 
 STYLE = {"off": ("tab:gray", "o", "-"), "evict": ("tab:blue", "s", "-"), "resume": ("tab:orange", "^", "-"),
          "on": ("tab:green", "D", "-"), "belady": ("tab:purple", "x", "--")}

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from opts.machine import cpu_isa, cpu_model
+from opts.moe_dedup.bench.rank_case import summarize, time_case
+from opts.moe_dedup.bench.ranks import RankPool
 from opts.moe_dedup.cases import DistCase
-from opts.moe_dedup.dist import RankPool
-from opts.moe_dedup.measure import summarize, time_case
 
 THREADS_PER_RANK = 1
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from opts.bench import make_out_dir
+from opts.draft_length.bench.evaluate import evaluate, table
+from opts.draft_length.bench.step_times import measure
 from opts.draft_length.cases import GoodputCase
-from opts.draft_length.evaluate import evaluate, table
-from opts.draft_length.measure import measure
 from opts.machine import cpu_isa, cpu_model
 
 

@@ -1,4 +1,4 @@
-"""A tiny K3-like stack whose verify and draft passes `measure.py` times on the CPU (fp32, random weights).
+"""A tiny K3-like stack whose verify and draft passes `step_times.py` times on the CPU (fp32, random weights).
 
 Decoder layers: KDA (short conv, L2-normalised q/k, per-channel forget gate, beta gate, the recurrence from the
 cached state keeping every position's state as speculative verification does, gated RMSNorm) or absorbed MLA

@@ -8,7 +8,7 @@ states and calls the prefill kernel; the verification output is read after both 
 
 `overlap_forward` marks such a step; in it `defer_verify` records the verification call and returns its
 `out` unfilled; `packed_prefill` then runs `packed_step`: one packed chunked pass over both calls
-(`vllm_kernels.mixed_on`), which fills the verification output, writes every verification position's
+(`kernels.mixed_on`), which fills the verification output, writes every verification position's
 state into its slot and returns the prefill output and final states as the prefill kernel would. Any other
 step runs the wrapped functions unchanged. vLLM is imported only inside the functions.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from opts.kda_overlap.in_vllm.kernels import Prefill, Verify, finish_prefill, mixed_on
 from opts.kda_overlap.step import beside
-from opts.kda_overlap.vllm_kernels import Prefill, Verify, finish_prefill, mixed_on
 
 _local = threading.local()
 
