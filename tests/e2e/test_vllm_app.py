@@ -85,7 +85,7 @@ def test_a_one_at_a_time_multirun_of_two_toggles_is_attributed(pool, tmp_path):
     """Four cells (all off, each alone, both), each a fresh engine replaying four requests; the attribution's
     Shapley values split all on - all off exactly (two toggles: one at a time is the full factorial)."""
     pool.close()
-    args = ["-m", "experiment=one_at_a_time", "backend=vllm", "model=k3_tiny", "workload=agentx_small",
+    args = ["-m", "design=one_at_a_time", "backend=vllm", "model=k3_tiny", "workload=agentx_small",
             "workload.start=zero", "backend.num_requests=4", "ablation.toggles=[kda_overlap,cache_retention]",
             "+ablation.on.cache_retention=evict", f"hydra.sweep.dir={tmp_path}"]
     proc = procs.run([sys.executable, "-m", "ablations", *args], timeout_s=800)

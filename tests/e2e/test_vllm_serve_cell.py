@@ -40,7 +40,7 @@ def test_serving_cells_replay_each_concurrency_from_an_empty_cache_and_a_killed_
     second cell's server is SIGKILLed as its second point starts: that cell fails with the server log's tail, the
     sweep goes on, the finished cell reports both points, and the second cell's first point (kept in its
     directory) hit no more than the first cell's did: nothing of the first cell's traffic was cached for it."""
-    args = ["-m", "experiment=one_at_a_time", "backend=vllm", "backend.mode=serve", "backend.client=vllm_bench",
+    args = ["-m", "design=one_at_a_time", "backend=vllm", "backend.mode=serve", "backend.client=vllm_bench",
             "model=k3_tiny", "workload=agentx_small", "workload.start=zero", "backend.num_requests=4",
             "backend.concurrencies=[1,2]",
             "backend.target_interactivity=1000", "ablation.toggles=[kda_overlap]", f"hydra.sweep.dir={tmp_path}"]

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 
-import ablations.__main__ as app_main
+import ablations.run as app_main
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.config import VllmBackendConfig
 from ablations.config import CONF_DIR, GROUPS, check_overrides, compose_app, group_options, register_configs
@@ -63,13 +63,14 @@ DRAWN_RANGES = {"ablation.ranges.backend.non_kv_gb": [2.0, 8.0],
 
 # What each option of each group changes in the default composition (`python -m ablations` with no overrides).
 CHANGES = {
-    "experiment": {
-        "cpu_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small", "tags": ["cpu_small"]},
+    "design": {
         "_sweep": {},     # only hydra.* (the multirun over the cells, the attribution callback)
-        "slurm": {},      # only hydra.launcher
         "factorial": {"ablation.design": "factorial"},
         "one_at_a_time": {"ablation.design": "one_at_a_time"},
         "shapley_sampled": {"ablation.design": "shapley_sampled"},
+    },
+    "experiment": {
+        "cpu_small": {"workload.name": "agentx_small", "workload.preset": "agentx_small", "tags": ["cpu_small"]},
         "repeat": {"ablation.repeats": 3},
         "draws": {"ablation.draws": 16, **DRAWN_RANGES,
                   **{k.replace("ablation.ranges.", "ablation.range_reasons."): ANY for k in DRAWN_RANGES}},
@@ -168,11 +169,11 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("nope=1", "nope: unknown group or field 'nope'; groups: experiment, model, workload, backend, hardware, "
-                   "paths, opts/aiter_mla, opts/kda_overlap, opts/fusion, opts/cache_retention, opts/moe_dedup, "
-                   "opts/draft_length; "
+        ("nope=1", "nope: unknown group or field 'nope'; groups: design, experiment, model, workload, "
+                   "backend, hardware, paths, opts/aiter_mla, opts/kda_overlap, opts/fusion, opts/cache_retention, "
+                   "opts/moe_dedup, opts/draft_length; "
                    "fields: ablation, backend, hardware, model, opts, paths, result_file, save_trace, tags, workload"),
-        ("opts/kda=on", "opts/kda: unknown group; groups: experiment, model, workload, backend, hardware, paths, "),
+        ("opts/kda=on", "opts/kda: unknown group; groups: design, experiment, model, workload, backend, hardware, "),
         ("opts/kda_overlap=fast", "opts/kda_overlap: unknown option 'fast'; valid options: off, on, streams"),
         ("opts.kda_overlap.chunk=8", "opts.kda_overlap: unknown field(s) chunk; valid fields: chunk_size, mode"),
         ("opts.kda_overlap.chunk_size=33", "opts.kda_overlap: KdaOverlapConfig.chunk_size: invalid value 33"),
@@ -186,8 +187,10 @@ def test_hydra_lists_the_yaml_files_as_the_options_and_no_schema():
         ("workload=nope", "workload: unknown option 'nope'; valid options: agentx, agentx_small, fixed_1k1k, "
                           "fixed_1k8k, fixed_8k1k, mooncake_conversation, mooncake_synthetic"),
         ("workload=agentx,workload_schema", "workload: unknown option 'workload_schema'; valid options: agentx, "),
-        ("experiment=big", "experiment: unknown option 'big'; valid options: _sweep, cpu_small, draws, factorial, "
-                           "main, main_vllm_cpu, one_at_a_time, repeat, shapley_sampled, slurm"),
+        ("experiment=big", "experiment: unknown option 'big'; valid options: cpu_small, draws, main, main_vllm_cpu, "
+                           "repeat"),
+        ("design=big", "design: unknown option 'big'; valid options: _sweep, factorial, one_at_a_time, "
+                       "shapley_sampled"),
         ("model=k3_model_schema", "model: unknown option 'k3_model_schema'; valid options: deepseek_r1, k3_tiny"),
         ("workload.sesions=2", "workload: unknown field(s) sesions; valid fields: block_size, fixed, generator, "
                                "max_live_sessions, name, num_sessions, path, preset, schedule, seed, start, "
@@ -204,12 +207,12 @@ def test_unknown_groups_options_and_fields_name_the_valid_ones(override, message
 def test_known_names_and_hydra_keys_pass_the_check():
     check_overrides(["workload=agentx_small,mooncake_synthetic", "+workload.generator.output={median: 8}",
                      "experiment=null", "~experiment", "hydra.run.dir=x", "hydra/launcher=joblib", "tags=[a]",
-                     "experiment=[main,slurm]"])
-    with pytest.raises(ValueError, match=r"^experiment: unknown option 'slurmm'; valid options: _sweep, "):
-        check_overrides(["experiment=[main,slurmm]"])
+                     "experiment=[main,draws]", "hydra/launcher=slurm", "design=factorial"])
+    with pytest.raises(ValueError, match=r"^experiment: unknown option 'drawz'; valid options: cpu_small, "):
+        check_overrides(["experiment=[main,drawz]"])
     check_overrides(["experiment=main", "backend.seed=1"])           # the experiment selects backend=sim
     with pytest.raises(ValueError, match=r"^backend: unknown field\(s\) sed; valid fields: bracket_from, "):
-        check_overrides(["experiment=[main,slurm]", "backend.sed=1"])
+        check_overrides(["experiment=[main,draws]", "backend.sed=1"])
 
 
 def test_a_backend_run_is_checked_when_composed():
@@ -300,3 +303,14 @@ def test_a_failed_run_in_an_existing_dir_removes_only_what_it_made(tmp_path):
     proc = run_app(["workload.num_sessions=0", f"hydra.run.dir={keep}"], tmp_path)
     assert proc.returncode == 2
     assert (keep / "result.json").read_text() == "an earlier run's"
+
+
+def test_the_slurm_launcher_is_submitit_with_its_settings():
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["experiment=main", "hydra/launcher=slurm"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.timeout_min, launcher.cpus_per_task, launcher.mem_gb) == (20, 1, 4)
+    assert cfg.ablation.design == "factorial"      # the preset's design, the launcher apart

@@ -18,7 +18,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ablations.attribution import factorial, one_at_a_time, permutation_cells, permutations
+from ablations.attribution.shapley import factorial, one_at_a_time, permutation_cells, permutations
 from ablations.config import CONF_DIR, apply_cell, register_configs, to_app
 from ablations.experiment import label, parse_label
 from opts.draft_length.acceptance import profile_alphas
@@ -39,27 +39,27 @@ def composed(overrides: list[str], hydra: bool = True):
     ("shapley_sampled", permutation_cells(permutations(tuple(OPTIMIZATIONS), 6, 0))),
 ])
 def test_each_design_sweeps_its_cells_over_every_wired_toggle(design, cells):
-    cfg = composed([f"experiment={design}"])
+    cfg = composed([f"design={design}"])
     swept = cfg.hydra.sweeper.params["ablation.cell"].split(",")
     assert sorted(swept) == sorted(label(c, tuple(OPTIMIZATIONS)) for c in cells) and len(swept) == len(cells)
     assert swept != [label(c, tuple(OPTIMIZATIONS)) for c in cells], "run in a seeded shuffled order"
-    assert composed([f"experiment={design}"]).hydra.sweeper.params["ablation.cell"].split(",") == swept
+    assert composed([f"design={design}"]).hydra.sweeper.params["ablation.cell"].split(",") == swept
     assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${ablation.cell}.r${ablation.repeat}"
-    assert cfg.hydra.callbacks.attribute._target_ == "ablations.attribute.AttributeCallback"
+    assert cfg.hydra.callbacks.attribute._target_ == "ablations.attribution.sweep.AttributeCallback"
 
 
 def test_players_and_repeats_come_from_the_config():
-    cfg = composed(["experiment=[one_at_a_time,repeat]", f"ablation.toggles=[{','.join(TWO)}]"])
+    cfg = composed(["design=one_at_a_time", "experiment=repeat", f"ablation.toggles=[{','.join(TWO)}]"])
     assert sorted(cfg.hydra.sweeper.params["ablation.cell"].split(",")) == ["aiter_mla", "aiter_mla+fusion", "all_off",
                                                                             "fusion"]
     assert cfg.hydra.sweeper.params["ablation.repeat"] == "range(0,3)"
-    vllm = composed(["experiment=factorial", "backend=vllm"])
+    vllm = composed(["design=factorial", "backend=vllm"])
     # cache_retention=on resumes at a turn's end by default, which vLLM cannot; moe_dedup's tail routes are idle
     # at tensor-parallel size 1: neither is wired there
     players = ("aiter_mla", "kda_overlap", "fusion", "draft_length")
     assert "+".join(players) in vllm.hydra.sweeper.params["ablation.cell"].split(",")
     assert len(vllm.hydra.sweeper.params["ablation.cell"].split(",")) == 2 ** len(players)
-    wider = composed(["experiment=factorial", "backend=vllm", "backend.tensor_parallel_size=2",
+    wider = composed(["design=factorial", "backend=vllm", "backend.tensor_parallel_size=2",
                       "opts.cache_retention.resume_from=prompt_tail", "opts.cache_retention.resume_unit=16"])
     assert "+".join(OPTIMIZATIONS) in wider.hydra.sweeper.params["ablation.cell"].split(",")
 
@@ -79,7 +79,7 @@ def test_the_main_job_is_the_simulator_factorial_on_every_core():
 
 
 def test_a_cell_sets_exactly_its_players_modes():
-    cfg = composed(["experiment=factorial", f"ablation.toggles=[{','.join(TWO)}]", "ablation.cell=fusion",
+    cfg = composed(["design=factorial", f"ablation.toggles=[{','.join(TWO)}]", "ablation.cell=fusion",
                     "opts/kda_overlap=on", "+ablation.on.fusion=on", "+ablation.off.aiter_mla=on"], hydra=False)
     app = to_app(apply_cell(cfg))
     modes = {name: config.mode for name, config in app.toggles().items()}
@@ -95,7 +95,7 @@ def test_a_bad_cell_names_the_players():
 
 
 def multirun_args(sweep_dir: Path, design: str, toggles: list[str], workload: str = "agentx_small") -> list[str]:
-    return [sys.executable, "-m", "ablations", "-m", f"experiment={design}", f"workload={workload}",
+    return [sys.executable, "-m", "ablations", "-m", f"design={design}", f"workload={workload}",
             f"ablation.toggles=[{','.join(toggles)}]", "ablation.metric=requests", f"hydra.sweep.dir={sweep_dir}"]
 
 
@@ -127,8 +127,9 @@ def test_a_one_at_a_time_multirun_writes_one_result_per_cell_and_the_attribution
 
 @pytest.mark.spawns
 def test_the_cluster_example_runs_each_cell_as_a_submitit_job(tmp_path):
-    # conf/experiment/slurm.yaml with submitit's local executor: the jobs Slurm would run, on this machine
-    args = [sys.executable, "-m", "ablations", "-m", "experiment=[main,slurm]", "hydra/launcher=submitit_local",
+    # conf/hydra/launcher/slurm.yaml's settings on submitit's local executor: the jobs Slurm would run, here
+    args = [sys.executable, "-m", "ablations", "-m", "experiment=main", "hydra/launcher=submitit_local",
+            "hydra.launcher.timeout_min=20", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=4",
             "ablation.toggles=[fusion]", "workload.num_sessions=2", "backend.concurrency=[1,2]",
             "backend.bracket_from=0", "ablation.metric=total_throughput", f"hydra.sweep.dir={tmp_path}"]
     done = procs.run(args, timeout_s=300, cwd=tmp_path)
@@ -250,8 +251,8 @@ def _draw_config(draw: int, *extra: str):
 
 
 def test_a_draw_sets_the_hardwares_ranged_figures_and_only_the_config_hash_records_it():
+    from ablations.attribution.draws import latin_hypercube
     from ablations.cells import config_hash, setting_hash
-    from ablations.draws import latin_hypercube
 
     point, first, second = _draw_config(-1), _draw_config(0), _draw_config(1)
     ranges = point["hardware"]["ranges"]

@@ -7,7 +7,7 @@ import json
 import pytest
 from toy_sweep import PLAYERS, write_sweep
 
-from ablations.attribute import attribute, collect
+from ablations.attribution.sweep import attribute, collect
 from ablations.inspection import (
     alone_vs_together,
     frontiers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ablations.attribution import factorial
+from ablations.attribution.shapley import factorial
 from ablations.cells import config_hash, write_result
 from ablations.experiment import label
 from ablations.metrics import RequestRecord, cell_metrics

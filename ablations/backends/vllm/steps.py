@@ -7,7 +7,7 @@ scheduled, tokens computed before, prompt tokens, draft tokens]` — the step's 
 `Seq`s describe one (`step_seqs`). A step is matched to its output by the scheduler output object, so steps that
 overlap (async scheduling) are timed each from its own schedule to its own update. `read_steps(dir)` returns
 every process's records in start order. The fidelity check fits the simulator's host cost on them
-(`ablations/fidelity.py`).
+(`ablations/fidelity/`).
 """
 
 from __future__ import annotations

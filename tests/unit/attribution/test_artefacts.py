@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ablations import attribute
-from ablations.attribution import factorial
+from ablations.attribution import sweep as attribute
+from ablations.attribution.shapley import factorial
 from ablations.cells import write_result
 from ablations.experiment import label
 from opts.registry import OPTIMIZATIONS

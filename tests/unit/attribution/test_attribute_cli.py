@@ -1,4 +1,4 @@
-"""`python -m ablations.attribute` over result files: checks that name the bad cell, and its outputs."""
+"""`python -m ablations.attribution` over result files: checks that name the bad cell, and its outputs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ablations import attribute
-from ablations.attribution import factorial, one_at_a_time
+from ablations.attribution import sweep as attribute
+from ablations.attribution.shapley import factorial, one_at_a_time
 from ablations.cells import write_result
 from ablations.experiment import label
 

@@ -8,9 +8,17 @@ import json
 
 import pytest
 
+from ablations.attribution.draws import (
+    apply_draw,
+    first_order,
+    indices_table,
+    latin_hypercube,
+    quantile,
+    summarize,
+    table,
+)
 from ablations.backends.sim.cell import run_sim_cell
 from ablations.config import compose_app
-from ablations.draws import apply_draw, first_order, indices_table, latin_hypercube, quantile, summarize, table
 from ablations.workload import load_workload
 
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from ablations.attribution import (
+from ablations.attribution.shapley import (
     Game,
     MissingCells,
     add_one_in,

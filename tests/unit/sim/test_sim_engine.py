@@ -12,13 +12,13 @@ from functools import cache
 
 import pytest
 
-from ablations.__main__ import run
 from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
 from ablations.backends.sim.engine import SchedulerConfig, prefill_chunk, simulate, trace_keys
 from ablations.backends.sim.step_model import DraftSteps, StepModel
 from ablations.config import compose_app, sim_wired
+from ablations.run import run
 from ablations.workload.generate import generate
 from ablations.workload.presets import preset
 from ablations.workload.trace import Request, Trace

