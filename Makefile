@@ -40,4 +40,4 @@ env:
 
 # aiperf, the serving cells' second client, in its own pinned venv (.venv-aiperf; made once, a few minutes).
 aiperf-env: env
-	@$(PY) -m ablations.backends.vllm.aiperf_client setup
+	@$(PY) -m ablations.backends.vllm.clients.aiperf_client setup

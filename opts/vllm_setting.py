@@ -1,7 +1,7 @@
 """How one toggle setting reaches vLLM, as data: the record each package's `vllm.py` returns.
 
 `vllm.py` imports nothing from `ablations` (and vLLM only inside its wrappers); the backend's patch layer
-(`ablations/backends/vllm/patches.py`) installs the patches, the engine builder applies the rest.
+(`ablations/backends/vllm/in_vllm/patches.py`) installs the patches, the engine builder applies the rest.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 from ablations.backends.sim.cell import replay, sim_setup
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Seq
-from ablations.backends.vllm.cell import first_requests
-from ablations.backends.vllm.serve_cell import capped_trace
-from ablations.backends.vllm.steps import step_seqs
+from ablations.backends.vllm.cells.cell import first_requests
+from ablations.backends.vllm.cells.serve_cell import capped_trace
+from ablations.backends.vllm.in_vllm.steps import step_seqs
 from ablations.cells import config_hash, finished
 from ablations.config import apply_cell, compose_config, players_of, to_app
 from ablations.experiment import ALL_OFF, label

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ablations.backends.vllm.steps import step_seqs
+from ablations.backends.vllm.in_vllm.steps import step_seqs
 
 FITTED = ("fitted by python -m ablations.fidelity on vLLM-CPU's all-off steps: each step's seconds less the "
           "simulator's kernel time for what it scheduled, least squares on [1, tokens, requests scheduled]")

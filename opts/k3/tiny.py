@@ -1,5 +1,5 @@
 """The tiny K3 the vLLM backend serves here, defined once: its config in Hugging Face's field names (what
-`ablations/backends/vllm/tiny_model.py` writes into the checkpoint's config.json). The vLLM backend's
+`ablations/backends/vllm/launch/tiny_model.py` writes into the checkpoint's config.json). The vLLM backend's
 `ModelConfig` takes its defaults from it, `K3_TINY` is its spec, and the simulator's `k3_tiny` reads its sizes."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations.backends.vllm.engine import build_llm, shutdown_llm
+from ablations.backends.vllm.launch.engine import build_llm, shutdown_llm
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ import procs
 import pytest
 from notebook_exec import execute, text_of
 
-from ablations.backends.vllm.cpu.kda import MIXED_STEP_COUNTER
-from ablations.backends.vllm.engine import EngineConfig
+from ablations.backends.vllm.in_vllm.cpu.kda import MIXED_STEP_COUNTER
+from ablations.backends.vllm.launch.engine import EngineConfig
 from opts.cache_retention import vllm as cache_vllm
 from opts.fusion import vllm as fusion_vllm
 from opts.kda_overlap import vllm as kda_overlap_vllm

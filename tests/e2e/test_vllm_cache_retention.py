@@ -17,9 +17,9 @@ from pathlib import Path
 import procs
 import pytest
 
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
-from ablations.backends.vllm.runtime import vllm_process_env
-from ablations.backends.vllm.toggles import read_records
+from ablations.backends.vllm.in_vllm.counters import COUNTER_DIR_ENV, read_counts
+from ablations.backends.vllm.in_vllm.toggles import read_records
+from ablations.backends.vllm.launch.runtime import vllm_process_env
 from ablations.workload import generate, preset
 from ablations.workload.cache_stream import cache_stream
 from ablations.workload.trace import Trace
@@ -39,8 +39,8 @@ ON = {"mode": "on", "idle_s": IDLE_S, "resume_from": "prompt_tail", "resume_unit
 SCRIPT = """
 import json, sys
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.engine import EngineConfig, open_llm
-from ablations.backends.vllm.replay import replay
+from ablations.backends.vllm.launch.engine import EngineConfig, open_llm
+from ablations.backends.vllm.cells.replay import replay
 from test_vllm_cache_retention import NUM_BLOCKS, trace
 toggles = json.loads(sys.argv[1])
 cfg = EngineConfig(model=ModelConfig(dtype="float32"), skip_tokenizer_init=True, enable_prefix_caching=True,

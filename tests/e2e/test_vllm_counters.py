@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from vllm_pool import random_prompts
 
-from ablations.backends.vllm.cpu import REPLACED_KERNELS
+from ablations.backends.vllm.in_vllm.cpu import REPLACED_KERNELS
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import procs
 import pytest
 from vllm_pool import random_prompts
 
-from ablations.backends.vllm.runtime import vllm_process_env
+from ablations.backends.vllm.launch.runtime import vllm_process_env
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ SCRIPT = """
 import json, sys
 from dataclasses import replace
 from vllm_pool import ENGINES
-from ablations.backends.vllm.engine import open_llm
+from ablations.backends.vllm.launch.engine import open_llm
 prompts = json.loads(sys.argv[1])
 with open_llm(replace(ENGINES["base"], multiprocess=False)) as llm:
     from vllm import SamplingParams

@@ -18,7 +18,7 @@ SCRIPT = """
 import json, sys
 from pathlib import Path
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.node_check import mode_checks, run_checks
+from ablations.backends.vllm.cells.node_check import mode_checks, run_checks
 checks = [c for c in mode_checks("cpu", ModelConfig(dtype="float32"))[0] if (c.toggle, c.mode) == ("fusion", "on")]
 results = run_checks(checks, Path(sys.argv[1]), num_prompts=4, report=lambda line: print("LINE", line))
 print("RESULT", json.dumps([[r.toggle, r.mode, r.problems] for r in results]))

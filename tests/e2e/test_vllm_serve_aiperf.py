@@ -15,7 +15,7 @@ from pathlib import Path
 import procs
 import pytest
 
-from ablations.backends.vllm.serve_cell import compare_clients
+from ablations.backends.vllm.cells.serve_cell import compare_clients
 from ablations.config import compose_app
 from ablations.workload import load_workload
 from opts.registry import vector_dict

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from vllm_pool import MAX_TOKENS, random_prompts
 
-from ablations.backends.vllm.server import Server, free_port
+from ablations.backends.vllm.launch.server import Server, free_port
 
 pytestmark = pytest.mark.e2e
 

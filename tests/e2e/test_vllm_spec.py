@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from vllm_pool import MAX_TOKENS, random_prompts
 
-from ablations.backends.vllm.cpu.kda import MIXED_STEP_COUNTER
+from ablations.backends.vllm.in_vllm.cpu.kda import MIXED_STEP_COUNTER
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from vllm_pool import random_prompts
 
-from ablations.backends.vllm.cpu.kda import MIXED_STEP_COUNTER
+from ablations.backends.vllm.in_vllm.cpu.kda import MIXED_STEP_COUNTER
 from opts.kda_overlap import vllm as setting
 
 pytestmark = pytest.mark.e2e

@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts, wait_flushed
-from ablations.backends.vllm.engine import (
+from ablations.backends.vllm.in_vllm.counters import COUNTER_DIR_ENV, read_counts, wait_flushed
+from ablations.backends.vllm.in_vllm.plugin import check_vllm_version
+from ablations.backends.vllm.in_vllm.toggles import read_records
+from ablations.backends.vllm.launch.engine import (
     THREADS_BIND_ENV,
     EngineConfig,
     build_llm,
@@ -33,9 +35,7 @@ from ablations.backends.vllm.engine import (
     rank_cores,
     shutdown_llm,
 )
-from ablations.backends.vllm.plugin import check_vllm_version
-from ablations.backends.vllm.runtime import hide_media_wheels
-from ablations.backends.vllm.toggles import read_records
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
 from opts.registry import OPTIMIZATIONS
 
 SKIP_ENV = "K3_SKIP_E2E"

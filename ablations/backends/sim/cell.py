@@ -14,10 +14,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ablations.backends.sim.config import SimBackendConfig, graphs, served_model
+from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Mechanisms, Parallel, SimModel
 from ablations.backends.sim.engine import EngineStats, SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.models import MODELS
+from ablations.backends.sim.served import graphs, served_model
 from ablations.backends.sim.step_model import DecodeSeconds, DraftSteps, StepModel
 from ablations.backends.sim.timing import cache_capacity_gb
 from ablations.hardware import HardwareConfig

@@ -1,14 +1,18 @@
 """Typed schema of the simulator backend (conf/backend/sim.yaml): parallelism, dtypes, scheduler limits, the
-concurrency sweep, the seed."""
+concurrency sweep, the seed. A schema only: it imports nothing of the simulator (the layering test), which reads
+its constants from here; the model as the backend serves it is `served.py`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from ablations.backends.sim.cost import FP8_BLOCK_BYTES, MOE_SPLITS, MXFP4_BYTES, SimModel
-from ablations.backends.sim.graphs import MODES, Graphs
-from ablations.hardware import HardwareConfig
+MOE_SPLITS = ("ep", "tp")
+MXFP4_BYTES = 0.5 + 1 / 32      # a 4-bit value, and one 8-bit scale per 32 values
+FP8_BLOCK_BYTES = 1.0 + 4.0 / (128 * 128)     # an 8-bit value, and one fp32 scale per 128 x 128 block (DeepSeek's)
+# vLLM's CUDA/HIP graph modes (`graphs.py` prices them)
+GRAPH_MODES = ("full_and_piecewise", "full_decode_only", "piecewise", "none")
 
 KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "fp32": 4.0}
 # A weight format: bytes per weight and the precision its GEMM computes in (fp8_block: DeepSeek's FP8 with an fp32
@@ -56,6 +60,8 @@ class SimBackendConfig:
     is above the target, down while below (interactivity falls with concurrency; all an attribution of the
     headline needs; the points then run one at a time)."""
 
+    VALIDATOR: ClassVar[str] = "ablations.backends.sim.checks"    # checks an app config for this backend
+
     name: str = "sim"
     tp: int = 0
     moe: str = "ep"
@@ -91,8 +97,8 @@ class SimBackendConfig:
         for name in ("weights", "experts"):
             if getattr(self, name) not in ("auto", *WEIGHT_FORMATS):
                 raise bad(name, ", ".join(("auto", *WEIGHT_FORMATS)))
-        if self.cudagraph_mode not in ("auto", *MODES):
-            raise bad("cudagraph_mode", ", ".join(("auto", *MODES)))
+        if self.cudagraph_mode not in ("auto", *GRAPH_MODES):
+            raise bad("cudagraph_mode", ", ".join(("auto", *GRAPH_MODES)))
         self.concurrency = list(self.concurrency)
         if not self.concurrency or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
                                        for c in self.concurrency) or len(set(self.concurrency)) != len(
@@ -117,30 +123,3 @@ def setting(backend: SimBackendConfig, name: str, platform: str, model: str = "k
     value = getattr(backend, name)
     defaults = MODEL_DEFAULTS.get(model, PLATFORM_DEFAULTS)
     return defaults.get(platform, {}).get(name, "auto") if value == "auto" else value
-
-
-def served_model(backend: SimBackendConfig, model: SimModel, platform: str) -> SimModel:
-    """`model` in the weight formats and cache dtype the backend serves it with on `platform` (`auto` where the
-    platform has no default: the model's own)."""
-    out = model
-    name = model.spec.name
-    kv = setting(backend, "kv_dtype", platform, name)
-    if kv != "auto":
-        out = replace(out, kv_bytes=KV_DTYPES[kv])
-    weights, experts = setting(backend, "weights", platform, name), setting(backend, "experts", platform, name)
-    if weights != "auto":
-        out = replace(out, weight_bytes=WEIGHT_FORMATS[weights][0], gemm_precision=WEIGHT_FORMATS[weights][1])
-    if experts != "auto":
-        out = replace(out, expert_bytes=WEIGHT_FORMATS[experts][0], expert_precision=WEIGHT_FORMATS[experts][1])
-    return out
-
-
-def graphs(backend: SimBackendConfig, model: SimModel, hw: HardwareConfig, max_drafts: int) -> Graphs:
-    """vLLM's graph settings for the backend on `hw` with `max_drafts` speculative tokens: the mode, the largest
-    captured batch (vLLM's default: min(2·max_num_seqs·(1 + K), the device's ceiling, max_num_batched_tokens),
-    `config/vllm.py:2292-2550`) and the pieces a piecewise pass replays (its attention layers + 1)."""
-    s = model.spec
-    largest = backend.max_cudagraph_capture_size or min(2 * backend.max_num_seqs * (1 + max_drafts),
-                                                        hw.capture_ceiling, backend.max_num_batched_tokens)
-    return Graphs(mode=setting(backend, "cudagraph_mode", hw.platform, s.name), max_tokens=largest,
-                  target_pieces=s.num_kda_layers + s.num_mla_layers + 1, mtp_pieces=2)

@@ -13,14 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from ablations.backends.sim.config import MOE_SPLITS, MXFP4_BYTES
 from ablations.hardware import PRECISIONS
 from opts.fusion.sim import kda_decode_traffic, mla_norm_traffic
 from opts.k3 import K3, K3Spec
 
 KINDS = ("prefill", "decode", "verify")
-MOE_SPLITS = ("ep", "tp")
-MXFP4_BYTES = 0.5 + 1 / 32      # a 4-bit value, and one 8-bit scale per 32 values
-FP8_BLOCK_BYTES = 1.0 + 4.0 / (128 * 128)     # an 8-bit value, and one fp32 scale per 128 x 128 block (DeepSeek's)
 
 
 @dataclass(frozen=True)

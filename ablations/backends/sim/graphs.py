@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ablations.backends.sim.config import GRAPH_MODES
 from ablations.hardware import HardwareConfig
 
-MODES = ("full_and_piecewise", "full_decode_only", "piecewise", "none")
+MODES = GRAPH_MODES
 # The passes that run vLLM's splitting ops (attention), eager in a piecewise step.
 SPLITTING = ("kda_prefill", "kda_recurrent", "kda_streams", "mla_prefill", "mla_decode")
 

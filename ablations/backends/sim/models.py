@@ -4,7 +4,8 @@ MTP), which the check against published GPU results runs (`python -m ablations.s
 
 from __future__ import annotations
 
-from ablations.backends.sim.cost import FP8_BLOCK_BYTES, SimModel
+from ablations.backends.sim.config import FP8_BLOCK_BYTES
+from ablations.backends.sim.cost import SimModel
 from opts.k3 import K3_TINY, TINY_CONFIG, K3Spec
 from opts.k3.tiny import DTYPE_BYTES
 

@@ -16,8 +16,9 @@ from functools import cache
 from typing import Any
 
 from ablations.backends.sim.cell import mean_context, run_sim_cell, sim_setup
+from ablations.backends.sim.checks import wired as sim_wired
 from ablations.backends.sim.explain import headline_steps, text
-from ablations.config import AppConfig, compose_app, sim_wired
+from ablations.config import AppConfig, compose_app
 from ablations.hardware import FIGURES, HardwareConfig
 from ablations.workload import WorkloadConfig, load_workload
 from opts.registry import OPTIMIZATIONS

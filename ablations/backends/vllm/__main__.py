@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.engine import EngineConfig
+from ablations.backends.vllm.launch.engine import EngineConfig
 from opts.cli import int_at_least
 from opts.vllm_setting import PLATFORMS
 
@@ -115,7 +115,7 @@ def check_prompt(cfg: EngineConfig, token_ids: list[int] | None, text: str, max_
                              f"valid: 0..{vocab - 1} (vocab_size {vocab})")
         length, option = len(token_ids), "--token-ids"
     else:
-        from ablations.backends.vllm.tiny_model import prompt_length
+        from ablations.backends.vllm.launch.tiny_model import prompt_length
 
         length, option = prompt_length(cfg.ensure_model_dir(), text), "--prompt"
     if length + max_tokens > cfg.max_model_len:
@@ -124,7 +124,7 @@ def check_prompt(cfg: EngineConfig, token_ids: list[int] | None, text: str, max_
 
 
 def check_port_free(port: int) -> None:
-    from ablations.backends.vllm.server import HOST
+    from ablations.backends.vllm.launch.server import HOST
 
     with socket.socket() as s:
         try:
@@ -140,7 +140,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ablations.backends.vllm.engine import open_llm
+    from ablations.backends.vllm.launch.engine import open_llm
 
     token_ids = args.token_ids
     cfg = engine_config(args, skip_tokenizer_init=token_ids is not None)
@@ -165,7 +165,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ablations.backends.vllm.server import start_server
+    from ablations.backends.vllm.launch.server import start_server
 
     cfg = engine_config(args)
     log = Path(args.log).resolve()
@@ -193,7 +193,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ablations.backends.vllm.engine import random_prompts, time_engine
+    from ablations.backends.vllm.launch.engine import random_prompts, time_engine
     from opts.machine import cpu_isa, cpu_model
 
     cfg = engine_config(args, skip_tokenizer_init=True)
@@ -233,10 +233,10 @@ def toggle_overrides(items: list[str]) -> dict[str, dict]:
 
 
 def cmd_patches(args: argparse.Namespace) -> int:
-    from ablations.backends.vllm.cpu import PATCHES
-    from ablations.backends.vllm.plugin import SHUTDOWN_PATCHES
-    from ablations.backends.vllm.steps import STEP_PATCHES
-    from ablations.backends.vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH, toggle_patches
+    from ablations.backends.vllm.in_vllm.cpu import PATCHES
+    from ablations.backends.vllm.in_vllm.plugin import SHUTDOWN_PATCHES
+    from ablations.backends.vllm.in_vllm.steps import STEP_PATCHES
+    from ablations.backends.vllm.in_vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH, toggle_patches
     from opts.registry import parse_vector
 
     try:
@@ -259,7 +259,7 @@ def cmd_patches(args: argparse.Namespace) -> int:
 
 
 def cmd_node_check(args: argparse.Namespace) -> int:
-    from ablations.backends.vllm.node_check import node_check, refusal
+    from ablations.backends.vllm.cells.node_check import node_check, refusal
 
     why = refusal()
     if why is not None:

@@ -6,7 +6,7 @@ import types
 import typing
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from opts.base import check_known_fields
 from opts.k3 import TINY_CONFIG as TINY
@@ -210,6 +210,8 @@ class VllmBackendConfig(EngineSettings):
     `target_interactivity` (tokens/s/user) from the points (serve_cell.py), after sending the trace's first
     `warmup_requests` requests once, one at a time, answers and steps left out (a fresh server's first request
     pays seconds of one-time start-up)."""
+
+    VALIDATOR: ClassVar[str] = "ablations.backends.vllm.checks"    # checks an app config for this backend
 
     name: str = "vllm"
     num_requests: int = 8

@@ -13,11 +13,12 @@ from functools import cache
 import pytest
 
 from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
+from ablations.backends.sim.checks import wired as sim_wired
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
 from ablations.backends.sim.engine import SchedulerConfig, prefill_chunk, simulate, trace_keys
 from ablations.backends.sim.step_model import DraftSteps, StepModel
-from ablations.config import compose_app, sim_wired
+from ablations.config import compose_app
 from ablations.run import run
 from ablations.workload.generate import generate
 from ablations.workload.presets import preset

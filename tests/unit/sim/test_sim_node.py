@@ -9,9 +9,10 @@ import dataclasses
 import pytest
 
 from ablations.backends.sim.collectives import allreduce_seconds, choose, gather_seconds
-from ablations.backends.sim.config import SimBackendConfig, graphs, served_model
+from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Cost, Parallel, Seq, SimModel
 from ablations.backends.sim.graphs import EAGER, Graphs, is_splitting
+from ablations.backends.sim.served import graphs, served_model
 from ablations.backends.sim.step_model import StepModel, exact_costs, probe_steps
 from ablations.backends.sim.timing import step_time
 from ablations.config import compose_app

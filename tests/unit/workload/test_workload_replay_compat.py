@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ablations.backends.vllm.runtime import hide_media_wheels
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
 from ablations.workload import Trace, generate, preset, write_trace
 
 

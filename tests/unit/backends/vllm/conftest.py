@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 
-from ablations.backends.vllm.runtime import hide_media_wheels
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ablations.backends.vllm.replay import (
+from ablations.backends.vllm.cells.replay import (
     HITS_METRIC,
     QUERIES_METRIC,
     SESSION_KEY,

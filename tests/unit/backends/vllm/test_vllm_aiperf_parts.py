@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ablations.backends.vllm.aiperf_client import (
+from ablations.backends.vllm.clients.aiperf_client import (
     PARENT_KEY,
     SESSION_KEY,
     block_tokens,
@@ -22,7 +22,7 @@ from ablations.backends.vllm.aiperf_client import (
     tokenizer_cache,
 )
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.tiny_model import write_model_dir
+from ablations.backends.vllm.launch.tiny_model import write_model_dir
 from ablations.workload.trace import Request, Trace
 
 VOCAB = 1024

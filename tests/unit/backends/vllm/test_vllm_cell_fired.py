@@ -3,8 +3,8 @@ with the reason, and a toggle whose running routes never fired fails the cell by
 
 from __future__ import annotations
 
-from ablations.backends.vllm.cell import fired, not_fired
-from ablations.backends.vllm.engine import EngineConfig
+from ablations.backends.vllm.cells.cell import fired, not_fired
+from ablations.backends.vllm.launch.engine import EngineConfig
 from opts.fusion import vllm as fusion_vllm
 from opts.kda_overlap import vllm as kda_overlap_vllm
 from opts.moe_dedup import vllm as moe_dedup_vllm

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ablations.backends.vllm import engine, server
 from ablations.backends.vllm.__main__ import DEFAULT_LOG, main
-from ablations.backends.vllm.engine import EngineConfig, server_args
+from ablations.backends.vllm.launch import engine, server
+from ablations.backends.vllm.launch.engine import EngineConfig, server_args
 
 REPO = Path(__file__).resolve().parents[4]
 

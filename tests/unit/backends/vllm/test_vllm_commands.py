@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ablations.backends.vllm.commands import COMMANDS_FILE, gpu_commands, node_config, server_command, server_env
+from ablations.backends.vllm.cells.commands import COMMANDS_FILE, gpu_commands, node_config, server_command, server_env
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.engine import engine_kwargs
-from ablations.backends.vllm.runtime import hide_media_wheels
+from ablations.backends.vllm.launch.engine import engine_kwargs
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
 from ablations.config import compose_app
 from ablations.hardware import HardwareConfig
 from ablations.run import run

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ablations.backends.vllm.cpu import mamba_align
+from ablations.backends.vllm.in_vllm.cpu import mamba_align
 
 BLOCKS, DIM, STATE_LEN, BLOCK_SIZE = 20, 3, 5, 4
 

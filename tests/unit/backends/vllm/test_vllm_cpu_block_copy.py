@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ablations.backends.vllm.cpu import kv_blocks
+from ablations.backends.vllm.in_vllm.cpu import kv_blocks
 
 NUM_BLOCKS = 6
 KERNEL_BLOCKS = 4  # 16-token kernel blocks per manager block

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ablations.backends.vllm.cpu.conv import causal_conv1d_update
+from ablations.backends.vllm.in_vllm.cpu.conv import causal_conv1d_update
 
 DIM, WIDTH = 6, 4
 

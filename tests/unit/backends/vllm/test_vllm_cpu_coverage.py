@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ablations.backends.vllm import cpu
+from ablations.backends.vllm.in_vllm import cpu
 
 COMPARED_IN = {
     "attn_res": "test_vllm_cpu_small_kernels.py",

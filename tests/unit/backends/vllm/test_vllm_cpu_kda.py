@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablations.backends.vllm.cpu import kda
+from ablations.backends.vllm.in_vllm.cpu import kda
 
 H, K, V = 2, 8, 8
 TOL = {"atol": 2e-5, "rtol": 1e-4}

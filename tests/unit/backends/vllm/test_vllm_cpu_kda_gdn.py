@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ablations.backends.vllm.cpu import kda
+from ablations.backends.vllm.in_vllm.cpu import kda
 
 H = 2
 OUT_TOL = {"atol": 2e-3, "rtol": 2e-2}

@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from ablations.backends.vllm.cpu import kv_blocks
+from ablations.backends.vllm.in_vllm.cpu import kv_blocks
 
 
 def test_supports_any_multiple_of_the_mla_kernel_block():

@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 
-from ablations.backends.vllm import patches as patching
-from ablations.backends.vllm.cpu import mla
+from ablations.backends.vllm.in_vllm import patches as patching
+from ablations.backends.vllm.in_vllm.cpu import mla
 
 T, HEADS, NOPE, ROPE, LATENT = 5, 3, 4, 2, 6
 

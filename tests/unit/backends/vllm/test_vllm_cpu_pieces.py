@@ -9,8 +9,8 @@ import types
 
 import torch
 
-from ablations.backends.vllm.cpu import loader
-from ablations.backends.vllm.cpu.triton_dispatch import rebind_kernels
+from ablations.backends.vllm.in_vllm.cpu import loader
+from ablations.backends.vllm.in_vllm.cpu.triton_dispatch import rebind_kernels
 
 
 def test_fan_in_init_is_seeded_and_scaled():
@@ -49,7 +49,7 @@ def test_rebind_skips_objects_whose_dict_is_not_a_dict():
 
 
 def test_attn_res_matches_the_float64_reference():
-    from ablations.backends.vllm.cpu.attn_res import attn_res
+    from ablations.backends.vllm.in_vllm.cpu.attn_res import attn_res
     from opts.fusion.inputs import AttnResLayer, AttnResStep
     from opts.fusion.reference import attn_res_reference
 

@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 
-from ablations.backends.vllm import patches as patching
-from ablations.backends.vllm.cpu import platform
+from ablations.backends.vllm.in_vllm import patches as patching
+from ablations.backends.vllm.in_vllm.cpu import platform
 
 
 @pytest.fixture

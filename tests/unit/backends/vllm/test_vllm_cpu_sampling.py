@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablations.backends.vllm.cpu import sampling
+from ablations.backends.vllm.in_vllm.cpu import sampling
 
 VOCAB, MAX_SPEC = 16, 3
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ablations.backends.vllm.cpu import attn_res, kda_metadata, mtp
+from ablations.backends.vllm.in_vllm.cpu import attn_res, kda_metadata, mtp
 
 
 def kernel_rms_norm(x, weight, eps):

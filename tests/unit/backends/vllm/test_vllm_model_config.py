@@ -8,9 +8,9 @@ import json
 import pytest
 
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.engine import EngineConfig, engine_kwargs, rank_cores, server_args
-from ablations.backends.vllm.runtime import hide_media_wheels
-from ablations.backends.vllm.tiny_model import STAMP_FILE, tokenizer_vocab, write_model_dir
+from ablations.backends.vllm.launch.engine import EngineConfig, engine_kwargs, rank_cores, server_args
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
+from ablations.backends.vllm.launch.tiny_model import STAMP_FILE, tokenizer_vocab, write_model_dir
 from opts.registry import OPTIMIZATIONS
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ablations.backends.vllm import __main__ as cli
-from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.node_check import (
+from ablations.backends.vllm.cells.node_check import (
     NUM_SPEC_TOKENS,
     EngineRun,
     ModeResult,
@@ -18,6 +17,7 @@ from ablations.backends.vllm.node_check import (
     stock_vector,
     summary,
 )
+from ablations.backends.vllm.config import ModelConfig
 from opts.registry import OPTIMIZATIONS, make_config
 
 MODEL = ModelConfig(dtype="bfloat16")

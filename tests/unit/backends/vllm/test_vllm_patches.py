@@ -9,13 +9,13 @@ import types
 
 import pytest
 
-from ablations.backends.vllm import counters, patches
 from ablations.backends.vllm.__main__ import main
-from ablations.backends.vllm.cpu import PATCHES as CPU_PATCHES
-from ablations.backends.vllm.patches import Patch, after_init, install, replacement
-from ablations.backends.vllm.plugin import SHUTDOWN_PATCHES
-from ablations.backends.vllm.steps import STEP_PATCHES
-from ablations.backends.vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH
+from ablations.backends.vllm.in_vllm import counters, patches
+from ablations.backends.vllm.in_vllm.cpu import PATCHES as CPU_PATCHES
+from ablations.backends.vllm.in_vllm.patches import Patch, after_init, install, replacement
+from ablations.backends.vllm.in_vllm.plugin import SHUTDOWN_PATCHES
+from ablations.backends.vllm.in_vllm.steps import STEP_PATCHES
+from ablations.backends.vllm.in_vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH
 
 PATCHES = [*SHUTDOWN_PATCHES, *CPU_PATCHES, *STEP_PATCHES, SCHEDULER_PATCH, WORKER_PATCH]
 

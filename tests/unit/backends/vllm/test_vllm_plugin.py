@@ -7,8 +7,8 @@ import sys
 import procs
 import pytest
 
-from ablations.backends.vllm import plugin
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
+from ablations.backends.vllm.in_vllm import plugin
+from ablations.backends.vllm.in_vllm.counters import COUNTER_DIR_ENV, read_counts
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.0+rocm700"])
@@ -25,7 +25,8 @@ def test_other_versions_are_refused_with_both_versions_named(version):
 
 @pytest.mark.spawns
 def test_counts_from_several_processes_are_summed(tmp_path):
-    code = "from ablations.backends.vllm.counters import count\nfor _ in range(3): count('probe')\ncount('other')"
+    code = ("from ablations.backends.vllm.in_vllm.counters import count\n"
+            "for _ in range(3): count('probe')\ncount('other')")
     env = {COUNTER_DIR_ENV: str(tmp_path), "PATH": ""}
     for _ in range(2):
         done = procs.run([sys.executable, "-c", code], timeout_s=120, env=env | {"PYTHONPATH": ":".join(sys.path)})

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from ablations.backends.vllm.bench_client import client_args, read_records
+from ablations.backends.vllm.cells.prometheus import difference, read_counters
+from ablations.backends.vllm.cells.serve_cell import capped_trace
+from ablations.backends.vllm.clients.bench_client import client_args, read_records
 from ablations.backends.vllm.config import VllmBackendConfig
-from ablations.backends.vllm.prometheus import difference, read_counters
-from ablations.backends.vllm.runtime import hide_media_wheels
-from ablations.backends.vllm.serve_cell import capped_trace
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
 from ablations.workload.trace import Request, Trace
 
 METRICS = """# HELP vllm:prefix_cache_queries_total Prefix cache queries

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ablations.backends.vllm import steps
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV
+from ablations.backends.vllm.in_vllm import steps
+from ablations.backends.vllm.in_vllm.counters import COUNTER_DIR_ENV
 
 
 def _scheduler(scheduled: dict[str, int], drafts: dict[str, list[int]]):

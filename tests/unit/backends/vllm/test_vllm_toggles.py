@@ -10,11 +10,11 @@ import time
 import procs
 import pytest
 
-from ablations.backends.vllm import counters, patches
 from ablations.backends.vllm.__main__ import main, toggle_overrides
-from ablations.backends.vllm.engine import CPU_MLA_BACKEND, EngineConfig, engine_env, engine_kwargs
-from ablations.backends.vllm.patches import same_wrap
-from ablations.backends.vllm.toggles import CONFIG_KEY, read_records, toggle_patches
+from ablations.backends.vllm.in_vllm import counters, patches
+from ablations.backends.vllm.in_vllm.patches import same_wrap
+from ablations.backends.vllm.in_vllm.toggles import CONFIG_KEY, read_records, toggle_patches
+from ablations.backends.vllm.launch.engine import CPU_MLA_BACKEND, EngineConfig, engine_env, engine_kwargs
 from opts.registry import OPTIMIZATIONS, parse_vector, vector_dict
 from opts.vllm_setting import PLATFORMS, VllmSetting
 
@@ -114,9 +114,11 @@ def test_patches_command_lists_the_toggle_patches(capsys):
 
 INSTALL = """
 import json, sys
-from ablations.backends.vllm.runtime import hide_media_wheels
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
 hide_media_wheels()
-from ablations.backends.vllm import plugin, toggles, patches
+from ablations.backends.vllm.in_vllm import plugin
+from ablations.backends.vllm.in_vllm import toggles
+from ablations.backends.vllm.in_vllm import patches
 plugin.register()
 before = [p.target for p in patches.installed()]
 toggles.install_vector(json.loads(sys.argv[1]), "cpu")

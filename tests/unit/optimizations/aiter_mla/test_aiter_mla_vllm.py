@@ -32,7 +32,7 @@ PACKAGE_DIR = Path(opts.aiter_mla.__file__).parent
 @pytest.fixture(scope="module")
 def vllm_cpu_mla():
     """vLLM's cpu_mla module (media wheels hidden first, as the plugin does in every vLLM process)."""
-    from ablations.backends.vllm.runtime import hide_media_wheels
+    from ablations.backends.vllm.launch.runtime import hide_media_wheels
 
     with contextlib.suppress(RuntimeError):
         hide_media_wheels()
@@ -133,7 +133,7 @@ def test_the_package_imports_no_ablations_and_vllm_only_inside_functions() -> No
 def test_cpu_patch_target_exists_with_the_signature_replaced(vllm_cpu_mla) -> None:
     import inspect
 
-    from ablations.backends.vllm.patches import resolve
+    from ablations.backends.vllm.in_vllm.patches import resolve
 
     owner, attr = resolve(vllm.CPU_DECODE)
     assert owner is vllm_cpu_mla.CPUMLAImpl and attr == "forward_mqa"

@@ -19,7 +19,7 @@ COSTS = [StepCost.from_config(DraftLengthConfig()),
 
 @pytest.fixture(scope="module")
 def dynamic():
-    from ablations.backends.vllm.runtime import hide_media_wheels
+    from ablations.backends.vllm.launch.runtime import hide_media_wheels
 
     with contextlib.suppress(RuntimeError):
         hide_media_wheels()

@@ -51,7 +51,7 @@ CPU_CELLS = {
 
 def stock_forward():
     """vLLM's own `_forward`, also after an in-process engine installed the plugin's patches in this process."""
-    from ablations.backends.vllm.patches import stock
+    from ablations.backends.vllm.in_vllm.patches import stock
 
     return stock("vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward")
 
@@ -173,7 +173,7 @@ def test_the_package_does_not_import_ablations_or_vllm_at_import_time():
 def test_every_target_exists_and_off_and_on_take_its_arguments(vllm):
     from vllm.models.common.ops import fused_q_kv_rmsnorm
 
-    from ablations.backends.vllm.patches import resolve
+    from ablations.backends.vllm.in_vllm.patches import resolve
 
     for mode in ("off", "on"):
         for platform in PLATFORMS:
@@ -230,7 +230,7 @@ def q_kv_inputs(n: int, dtype: torch.dtype, seed: int = 0, widths: tuple[int, in
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_off_and_on_norms_equal_stock_and_the_reference_at_any_token_count(vllm, dtype):
     """One graph per pass serves every token count (a single row runs as two), both widths for off."""
-    from ablations.backends.vllm.cpu import mla
+    from ablations.backends.vllm.in_vllm.cpu import mla
 
     passes = [dynamic(*naive.RMS_NORM_PASS), dynamic(*on_passes.Q_KV_NORM_PASS)]
     before = [p.num_graphs for p in passes]

@@ -92,7 +92,7 @@ def cpu_fixes(vllm, monkeypatch):
     from vllm.models.kimi_k3.nvidia import kda as k3_kda
     from vllm.models.kimi_k3.nvidia.ops.third_party import kda as ops
 
-    from ablations.backends.vllm.cpu import conv, kda
+    from ablations.backends.vllm.in_vllm.cpu import conv, kda
 
     monkeypatch.setattr(k3_kda, "causal_conv1d_update", conv.causal_conv1d_update)
     monkeypatch.setattr(ops, "fused_recurrent_kda_packed_decode", kda.fused_recurrent_kda_packed_decode)

@@ -32,7 +32,7 @@ TARGETS = (setting.FORWARD_TARGET, setting.VERIFY_TARGET, setting.PREFILL_TARGET
 
 def stock_forward():
     """vLLM's own `_forward`, also after an in-process engine installed the plugin's patches in this process."""
-    from ablations.backends.vllm.patches import stock
+    from ablations.backends.vllm.in_vllm.patches import stock
 
     return stock("vllm.models.kimi_k3.nvidia.kda:KimiK3DeltaAttention._forward")
 
@@ -90,7 +90,7 @@ def test_the_package_does_not_import_ablations_or_vllm_at_import_time():
 
 @pytest.fixture(scope="module")
 def vllm():
-    from ablations.backends.vllm.runtime import hide_media_wheels
+    from ablations.backends.vllm.launch.runtime import hide_media_wheels
 
     with contextlib.suppress(RuntimeError):
         hide_media_wheels()
@@ -100,7 +100,7 @@ def vllm():
 def test_every_target_exists_in_vllm_and_the_wrappers_take_its_arguments(vllm):
     from vllm.models.kimi_k3.nvidia.ops.third_party.kda import chunk, fused_recurrent
 
-    from ablations.backends.vllm.patches import resolve
+    from ablations.backends.vllm.in_vllm.patches import resolve
 
     for target in (*TARGETS, setting.STREAMED_TARGET):
         owner, attr = resolve(target)
@@ -256,9 +256,9 @@ def test_installed_through_the_patch_layer_the_kernels_of_a_mixed_step_are_repla
     from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
     from vllm.models.kimi_k3.nvidia.ops.third_party import kda as ops
 
-    from ablations.backends.vllm import counters, patches
-    from ablations.backends.vllm.cpu import PATCHES
-    from ablations.backends.vllm.patches import resolve
+    from ablations.backends.vllm.in_vllm import counters, patches
+    from ablations.backends.vllm.in_vllm.cpu import PATCHES
+    from ablations.backends.vllm.in_vllm.patches import resolve
 
     monkeypatch.setattr(patches, "_installed", {})
     monkeypatch.setattr(patches, "_order", [])

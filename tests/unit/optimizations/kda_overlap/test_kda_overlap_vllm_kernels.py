@@ -132,7 +132,7 @@ def test_other_scales_and_batches_are_refused():
 
 def test_the_cpu_fix_runs_these_kernels():
     """The backend's S4 prefill and verification kernels are this package's off (so stock = off)."""
-    from ablations.backends.vllm.cpu import KERNELS, kda
+    from ablations.backends.vllm.in_vllm.cpu import KERNELS, kda
 
     assert kda.chunk_kda_with_fused_gate is vk.chunk_kda_with_fused_gate
     assert kda.fused_recurrent_kda is vk.fused_recurrent_kda

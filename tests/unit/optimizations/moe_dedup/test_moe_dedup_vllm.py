@@ -70,7 +70,7 @@ def test_bad_input_is_named():
 
 @pytest.fixture(scope="module")
 def vllm_runners():
-    from ablations.backends.vllm.runtime import hide_media_wheels
+    from ablations.backends.vllm.launch.runtime import hide_media_wheels
 
     with contextlib.suppress(RuntimeError):
         hide_media_wheels()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ablations.backends.vllm.patches import original
+from ablations.backends.vllm.in_vllm.patches import original
 from opts.k3 import rms_norm_native
 from opts.vllm_setting import K3_VLLM
 

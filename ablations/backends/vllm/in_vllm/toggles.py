@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.counters import counter_dir
-from ablations.backends.vllm.patches import Patch, after_init, install_all, installed
+from ablations.backends.vllm.in_vllm.counters import counter_dir
+from ablations.backends.vllm.in_vllm.patches import Patch, after_init, install_all, installed
 from opts.base import ToggleConfig
 from opts.registry import parse_vector, vector_dict, vllm_settings
 

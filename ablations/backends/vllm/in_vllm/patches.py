@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ablations.backends.vllm.counters import counted
+from ablations.backends.vllm.in_vllm.counters import counted
 from opts.vllm_setting import Patch
 
 __all__ = ["Patch", "after_init", "install", "install_all", "installed", "is_installed", "original",

@@ -6,8 +6,8 @@ fix); `install()` applies them. `REPLACED_KERNELS` are the counted compute kerne
 
 from __future__ import annotations
 
-from ablations.backends.vllm.counters import counted
-from ablations.backends.vllm.cpu import (
+from ablations.backends.vllm.in_vllm.counters import counted
+from ablations.backends.vllm.in_vllm.cpu import (
     attn_res,
     conv,
     kda,
@@ -21,8 +21,8 @@ from ablations.backends.vllm.cpu import (
     platform,
     sampling,
 )
-from ablations.backends.vllm.cpu.triton_dispatch import rebind_kernels
-from ablations.backends.vllm.patches import Patch, after_init, install_all, original, replacement
+from ablations.backends.vllm.in_vllm.cpu.triton_dispatch import rebind_kernels
+from ablations.backends.vllm.in_vllm.patches import Patch, after_init, install_all, original, replacement
 from opts.vllm_setting import K3_VLLM, KDA_OPS
 
 KIMI_LINEAR_KDA = "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ablations.backends.vllm.engine import EngineConfig, open_llm
+from ablations.backends.vllm.launch.engine import EngineConfig, open_llm
 from ablations.workload.prompts import prompt_token_ids
 from ablations.workload.trace import Trace, where
 from opts.cache_retention.in_vllm import PARENT_KEY, SESSION_KEY, TIME_KEY

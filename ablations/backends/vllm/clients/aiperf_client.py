@@ -36,7 +36,7 @@ from ablations.workload.trace import Trace
 log = logging.getLogger("ablations")
 AIPERF_VERSION = "0.13.0"
 VENV_ENV = "K3_AIPERF_VENV"
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 RECORDS_FILE = "profile_export.jsonl"
 TRACE_FILE = "aiperf_trace.jsonl"
 SESSION_KEY, PARENT_KEY = "k3_session", "k3_parent"     # opts/cache_retention/in_vllm.py reads these
@@ -283,10 +283,10 @@ class AiperfClient:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ablations.backends.vllm.aiperf_client setup`: create aiperf's venv now."""
+    """`python -m ablations.backends.vllm.clients.aiperf_client setup`: create aiperf's venv now."""
     args = sys.argv[1:] if argv is None else argv
     if args != ["setup"]:
-        print("usage: python -m ablations.backends.vllm.aiperf_client setup", file=sys.stderr)
+        print("usage: python -m ablations.backends.vllm.clients.aiperf_client setup", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(ensure_venv())

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.cell import fired, not_fired
+from ablations.backends.vllm.cells.cell import fired, not_fired
 from ablations.backends.vllm.config import ModelConfig
-from ablations.backends.vllm.counters import counting_into, read_counts, wait_flushed
-from ablations.backends.vllm.engine import EngineConfig, open_llm, random_prompts
-from ablations.backends.vllm.runtime import hide_media_wheels
-from ablations.backends.vllm.toggles import read_records
+from ablations.backends.vllm.in_vllm.counters import counting_into, read_counts, wait_flushed
+from ablations.backends.vllm.in_vllm.toggles import read_records
+from ablations.backends.vllm.launch.engine import EngineConfig, open_llm, random_prompts
+from ablations.backends.vllm.launch.runtime import hide_media_wheels
 from opts.registry import OPTIMIZATIONS, make_config
 
 NUM_PROMPTS, MAX_TOKENS = 8, 16

@@ -18,16 +18,28 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.aiperf_client import TRACE_FILE as AIPERF_TRACE
-from ablations.backends.vllm.aiperf_client import aiperf_bin, artifact_dir, mooncake_rows, num_sessions, write_rows
-from ablations.backends.vllm.aiperf_client import client_args as aiperf_args
-from ablations.backends.vllm.bench_client import TRACE_FILE as BENCH_TRACE
-from ablations.backends.vllm.bench_client import client_args as bench_args
-from ablations.backends.vllm.bench_client import result_name
-from ablations.backends.vllm.cell import first_requests
+from ablations.backends.vllm.cells.cell import first_requests
+from ablations.backends.vllm.cells.serve_cell import (
+    COMPLETIONS_PATH,
+    DEV_MODE_ENV,
+    RESET_PATH,
+    capped_trace,
+    warmup_payloads,
+)
+from ablations.backends.vllm.clients.aiperf_client import TRACE_FILE as AIPERF_TRACE
+from ablations.backends.vllm.clients.aiperf_client import (
+    aiperf_bin,
+    artifact_dir,
+    mooncake_rows,
+    num_sessions,
+    write_rows,
+)
+from ablations.backends.vllm.clients.aiperf_client import client_args as aiperf_args
+from ablations.backends.vllm.clients.bench_client import TRACE_FILE as BENCH_TRACE
+from ablations.backends.vllm.clients.bench_client import client_args as bench_args
+from ablations.backends.vllm.clients.bench_client import result_name
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.engine import EngineConfig, engine_config, server_args, toggle_env
-from ablations.backends.vllm.serve_cell import COMPLETIONS_PATH, DEV_MODE_ENV, RESET_PATH, capped_trace, warmup_payloads
+from ablations.backends.vllm.launch.engine import EngineConfig, engine_config, server_args, toggle_env
 from ablations.hardware import HardwareConfig
 from ablations.workload.io import write_trace
 from ablations.workload.trace import Trace

@@ -23,16 +23,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.aiperf_client import AiperfClient, prompt_tokens
-from ablations.backends.vllm.bench_client import VllmBenchClient
-from ablations.backends.vllm.cell import NUM_DEVICES, PROCESS_DIR, fired, first_requests
+from ablations.backends.vllm.cells.cell import NUM_DEVICES, PROCESS_DIR, fired, first_requests
+from ablations.backends.vllm.cells.prometheus import difference, read_counters
+from ablations.backends.vllm.clients.aiperf_client import AiperfClient, prompt_tokens
+from ablations.backends.vllm.clients.bench_client import VllmBenchClient
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.counters import COUNTER_DIR_ENV, read_counts
-from ablations.backends.vllm.engine import EngineConfig, engine_config, engine_kwargs, server_args
-from ablations.backends.vllm.prometheus import difference, read_counters
-from ablations.backends.vllm.server import SERVER_MODULE, Server, start_server
-from ablations.backends.vllm.steps import read_steps
-from ablations.backends.vllm.toggles import read_records as read_patch_records
+from ablations.backends.vllm.in_vllm.counters import COUNTER_DIR_ENV, read_counts
+from ablations.backends.vllm.in_vllm.steps import read_steps
+from ablations.backends.vllm.in_vllm.toggles import read_records as read_patch_records
+from ablations.backends.vllm.launch.engine import EngineConfig, engine_config, engine_kwargs, server_args
+from ablations.backends.vllm.launch.server import SERVER_MODULE, Server, start_server
 from ablations.cells import write_result
 from ablations.metrics import SweepPoint, cell_metrics, steady_window, summarize, throughput_at_slo
 from ablations.workload.trace import Trace, num_blocks

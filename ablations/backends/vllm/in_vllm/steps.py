@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.counters import counter_dir
-from ablations.backends.vllm.patches import Patch
+from ablations.backends.vllm.in_vllm.counters import counter_dir
+from ablations.backends.vllm.in_vllm.patches import Patch
 
 STEPS_SUFFIX = ".steps.jsonl"
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ablations.backends.vllm.cells.timed_replay import ReplayLimits, timed_replay
 from ablations.backends.vllm.config import ModelConfig, VllmBackendConfig
-from ablations.backends.vllm.counters import counting_into, read_counts
-from ablations.backends.vllm.engine import EngineConfig, engine_config, engine_kwargs, open_llm
-from ablations.backends.vllm.steps import read_steps
-from ablations.backends.vllm.timed_replay import ReplayLimits, timed_replay
-from ablations.backends.vllm.toggles import read_records
+from ablations.backends.vllm.in_vllm.counters import counting_into, read_counts
+from ablations.backends.vllm.in_vllm.steps import read_steps
+from ablations.backends.vllm.in_vllm.toggles import read_records
+from ablations.backends.vllm.launch.engine import EngineConfig, engine_config, engine_kwargs, open_llm
 from ablations.metrics import cell_metrics
 from ablations.workload.config import WorkloadConfig, build_schedule
 from ablations.workload.trace import Trace

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablations.backends.vllm.engine import EngineConfig, process_env, server_args
+from ablations.backends.vllm.launch.engine import EngineConfig, process_env, server_args
 
 HOST = "127.0.0.1"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

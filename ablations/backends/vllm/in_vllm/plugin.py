@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ablations.backends.vllm.patches import Patch, install_all
+from ablations.backends.vllm.in_vllm.patches import Patch, install_all
 
 SUPPORTED_VLLM_VERSION = "0.32.0"
 
@@ -81,11 +81,11 @@ def register() -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        from ablations.backends.vllm.cpu import install
+        from ablations.backends.vllm.in_vllm.cpu import install
 
         install()
-    from ablations.backends.vllm.steps import STEP_PATCHES
-    from ablations.backends.vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH, write_record
+    from ablations.backends.vllm.in_vllm.steps import STEP_PATCHES
+    from ablations.backends.vllm.in_vllm.toggles import SCHEDULER_PATCH, WORKER_PATCH, write_record
 
     install_all([*STEP_PATCHES, SCHEDULER_PATCH, WORKER_PATCH])
     write_record()

@@ -107,8 +107,8 @@ def observe_mixed_steps(self, *args, **kwargs):
     (the steps `kda_overlap` acts on)."""
     from vllm.forward_context import get_forward_context
 
-    from ablations.backends.vllm.counters import count
-    from ablations.backends.vllm.patches import original
+    from ablations.backends.vllm.in_vllm.counters import count
+    from ablations.backends.vllm.in_vllm.patches import original
 
     metadata = get_forward_context().attn_metadata
     m = metadata.get(self.prefix) if isinstance(metadata, dict) else None
