@@ -1,14 +1,15 @@
 """How one toggle setting reaches the serving simulator, as data: the record each package's `sim.py` returns.
 
-`sim.py` imports nothing from `ablations`; the simulator (`ablations/backends/sim/`) applies the record: it
+`sim.py` imports nothing from `ablations`; the simulator (`ablations/backends/sim/`) merges a vector's records into
+one (`SimSetting.merged`, field by field) and applies it: it
 prices a step with the kernel classes and cost mechanisms the records ask for, runs the prefix cache with their free
 order and resume point, and verifies their number of drafts. Nothing in a record says how much faster anything is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 
@@ -58,6 +59,36 @@ class SimSetting:
                                             or self.num_drafts < 0):
             raise ValueError(f"SimSetting.num_drafts: invalid value {self.num_drafts!r}; valid: an integer >= 0")
         object.__setattr__(self, "alphas", tuple(self.alphas))
+
+    @classmethod
+    def merged(cls, settings: Iterable[SimSetting]) -> SimSetting:
+        """One setting holding what each of `settings` sets, field by field: kernel classes joined, flags or'd,
+        fused stages joined in order; any other field (the MoE tier, the cache's free order and resume point,
+        drafts, their rates and schedule) from the one setting that sets it. Two settings that set such a field,
+        or one kernel class, to different values are a ValueError naming the field."""
+        settings = list(settings)
+        values = {}
+        for f in fields(cls):
+            default = f.default_factory() if f.default is MISSING else f.default
+            given = [getattr(s, f.name) for s in settings if getattr(s, f.name) != default]
+            if f.name == "kernel_classes":
+                joined: dict[str, str] = {}
+                for classes in given:
+                    for name, kernel_class in classes.items():
+                        if joined.setdefault(name, kernel_class) != kernel_class:
+                            raise ValueError(f"SimSetting.kernel_classes[{name!r}]: set to {joined[name]!r} and "
+                                             f"{kernel_class!r} by two toggles")
+                values[f.name] = joined
+            elif isinstance(default, bool):
+                values[f.name] = any(given)
+            elif f.name == "fused":
+                values[f.name] = tuple(dict.fromkeys(stage for stages in given for stage in stages))
+            else:
+                distinct = [v for i, v in enumerate(given) if v not in given[:i]]
+                if len(distinct) > 1:
+                    raise ValueError(f"SimSetting.{f.name}: set to {distinct[0]!r} and {distinct[1]!r} by two toggles")
+                values[f.name] = distinct[0] if distinct else default
+        return cls(**values)
 
 
 def not_modelled(name: str, mode: str, valid: tuple[str, ...],

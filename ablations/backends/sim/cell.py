@@ -118,38 +118,30 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     problems = unmodelled(toggles, hardware.platform)
     if problems:
         raise ValueError(problems[0])
-    applied = settings(toggles, hardware.platform)
+    applied = SimSetting.merged(settings(toggles, hardware.platform).values())
     model = served_model(backend, MODELS[model_name], hardware.platform)
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
-    fused = {stage for s in applied.values() for stage in s.fused}
-    mech = Mechanisms(packed_kda=any(s.packed_kda for s in applied.values()),
-                      kda_streams=any(s.kda_streams for s in applied.values()),
-                      sharded_latent_up=any(s.sharded_latent_up for s in applied.values()),
-                      latent_up_tier=applied["moe_dedup"].latent_up_tier,
-                      sequence_parallel_moe=applied["moe_dedup"].sequence_parallel_moe,
-                      fused_mla_norm="mla_norm" in fused)
+    mech = Mechanisms(packed_kda=applied.packed_kda, kda_streams=applied.kda_streams,
+                      sharded_latent_up=applied.sharded_latent_up, latent_up_tier=applied.latent_up_tier,
+                      sequence_parallel_moe=applied.sequence_parallel_moe, fused_mla_norm="mla_norm" in applied.fused)
     left = cache_capacity_gb(model, parallel, hardware, backend.gpu_memory_utilization, backend.non_kv_gb, mech=mech)
     if backend.cache_gb > left:
         raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
                          f"{hardware.name} has left after {model_name}'s weights; valid: 0 < cache_gb <= {left:.1f}")
     cache_gb = backend.cache_gb or left
-    launch = graphs(backend, model, hardware, applied["draft_length"].num_drafts or 0)
-    classes: dict[str, str] = {}
-    for setting in applied.values():
-        classes.update(setting.kernel_classes)
+    launch = graphs(backend, model, hardware, applied.num_drafts or 0)
+    classes = applied.kernel_classes
 
     def build(k: int, mech: Mechanisms) -> StepModel:
         # a step without drafts has no verification rows for kda_overlap to move
         return StepModel(model, parallel, hardware, k, classes=classes, graphs=launch,
                          mech=mech if k else replace(mech, packed_kda=False, kda_streams=False))
 
-    drafts = applied["draft_length"]
-    steps = draft_steps(drafts, "kda_decode" in fused, build, mech, trace)
-    cache = applied["cache_retention"]
+    steps = draft_steps(applied, "kda_decode" in applied.fused, build, mech, trace)
     layout = geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
                     num_spec_tokens=steps.max_k)
     return SimSetup(model, parallel, hardware, steps, layout, cache_gb, layout.num_blocks(cache_gb * 1e9),
-                    drafts.alphas[:steps.max_k], cache.free_list or LruFreeList, cache.resume,
+                    applied.alphas[:steps.max_k], applied.free_list or LruFreeList, applied.resume,
                     SchedulerConfig(backend.max_num_batched_tokens, backend.max_num_seqs))
 
 

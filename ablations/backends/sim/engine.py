@@ -289,177 +289,209 @@ class _Engine:
         return steps
 
     def run(self, schedule) -> tuple[list[RequestRecord], EngineStats]:
-        sched, pool = self.scheduler, self.pool
-        releases = [(rel.ready_s, rel.request_id) for rel in schedule.initial()]
-        heapq.heapify(releases)
-        waiting: deque[tuple[int, float]] = deque()
-        running: list[_Run] = []        # admission order: vLLM preempts from its end
-        prefilling: list[_Run] = []
-        decoding: list[_Run] = []
-        preempted: dict[int, _Run] = {}
-        records: dict[int, RequestRecord] = {}
-        total, now = len(self.requests), 0.0
-        blocked = False         # the waiting head did not fit: nothing changes that before blocks are freed
-
-        def finish(run: _Run, t: float) -> None:
-            nonlocal blocked
-            if run.computed != run.request.num_processed_tokens:      # every token computed once, or again after
-                raise RuntimeError(f"sim engine: request {run.rid} finished with {run.computed} of its "
-                                   f"{run.request.num_processed_tokens} tokens computed")
-            self.stats.accepted += max(run.output - 1 - run.steps, 0)
-            pool.finish(run.rid, run.request, t)
-            running.remove(run)
-            records[run.rid] = RequestRecord(run.arrival_s, run.first_s, t, run.prompt, run.output, run.hit)
-            blocked = False
-            for rel in schedule.on_finish(run.rid, t):
-                heapq.heappush(releases, (rel.ready_s, rel.request_id))
-
-        def preempt(run: _Run) -> None:
-            """vLLM's recompute preemption: the blocks freed, back to the head of the queue; admitted again, it
-            prefills all it had computed (from what is still cached) and decodes on."""
-            nonlocal blocked
-            pool.preempt(run.rid, run.computed)
-            running.remove(run)
-            (decoding if run in decoding else prefilling).remove(run)
-            r = self.requests[run.rid]
-            target = max(run.computed, run.target)      # a re-prefill preempted again keeps its target
-            run.request = dataclasses.replace(r, num_prompt_tokens=target,
-                                              num_output_tokens=r.num_processed_tokens + 1 - target)
-            preempted[run.rid] = run
-            waiting.appendleft((run.rid, run.arrival_s))
-            self.stats.num_preemptions += 1
-            blocked = False
-
-        while releases or waiting or running:
-            while releases and releases[0][0] <= now:
-                ready, rid = heapq.heappop(releases)
-                r = self.requests[rid]
-                pool.free.note_admit(r.session, ready, rid, r.parent)
-                waiting.append((rid, ready))
-            if not (waiting or running):
-                now = releases[0][0]
+        """Every request of the trace through the engine as `schedule` releases them: per step, releases join the
+        queue (`_release`), the step is scheduled (`_schedule_step`: decodes, prefill chunks, admissions) and run
+        (`_step`, several alike at once where a stretch allows), and requests finish (`_finish`)."""
+        self._workload = schedule
+        self._releases = [(rel.ready_s, rel.request_id) for rel in schedule.initial()]
+        heapq.heapify(self._releases)
+        self._waiting: deque[tuple[int, float]] = deque()
+        self._running: list[_Run] = []        # admission order: vLLM preempts from its end
+        self._prefilling: list[_Run] = []
+        self._decoding: list[_Run] = []
+        self._preempted: dict[int, _Run] = {}
+        self._records: dict[int, RequestRecord] = {}
+        self._now = 0.0
+        self._blocked = False         # the waiting head did not fit: nothing changes that before blocks are freed
+        while self._releases or self._waiting or self._running:
+            self._release()
+            if not (self._waiting or self._running):
+                self._now = self._releases[0][0]
                 continue
-            budget = sched.max_num_batched_tokens
-            batch: list[_Run] = []
-            num_preempted = self.stats.num_preemptions
-            # vLLM sets the next step's K from the requests it scheduled: those running now
-            k = self.steps.k(len(running)) if running else self.steps.k(1)
-            model, q = self.steps.models[k], 1 + k
-            for run in list(decoding):
-                if budget < q:
-                    break
-                if run not in decoding:         # preempted for an earlier one this step
-                    continue
-                run.use_k(k)
-                while not self._grow(run, run.computed + q):
-                    victim = running[-1]
-                    if victim in batch:
-                        batch.remove(victim)
-                        budget += q
-                    preempt(victim)
-                    if victim is run:
-                        break
-                if run in decoding:
-                    batch.append(run)
-                    budget -= q
-            chunks: list[tuple[_Run, int]] = []
-            for run in prefilling:
-                if not budget:
-                    break
-                chunk = self._chunk(run, budget)
-                if chunk:
-                    chunks.append((run, chunk))
-                    budget -= chunk
-            while (waiting and budget and not blocked and len(running) < sched.max_num_seqs
-                   and self.stats.num_preemptions == num_preempted):      # vLLM admits nothing in a step that preempts
-                rid, ready = waiting[0]
-                run = preempted.get(rid)
-                request = run.request if run else self.requests[rid]
-                if not prefill_chunk(self._hit(rid, request), request.num_prompt_tokens, budget, pool.block_size,
-                                     sched.max_num_batched_tokens):
-                    break       # vLLM: no block-aligned chunk fits the budget left; the queue waits a step
-                hit = self._admit(rid, request, now)
-                if hit is None:
-                    blocked = True
-                    break
-                waiting.popleft()
-                if run:
-                    del preempted[rid]
-                    run.computed = hit
-                else:
-                    run = self._new_run(rid, hit, ready, k)
-                running.append(run)
-                prefilling.append(run)
-                chunk = self._chunk(run, budget)
-                chunks.append((run, chunk))
-                budget -= chunk
-            if not (batch or chunks):
-                if running:
-                    raise RuntimeError(f"sim engine: nothing schedulable at {now:.3f} s with {len(running)} running")
-                rid = waiting[0][0]
-                r = self.requests[rid]
-                raise CapacityError(f"{self.trace.source or 'trace'}: request {rid} ({r.num_prompt_tokens} prompt + "
-                                    f"{r.num_output_tokens} output tokens) does not fit in the {pool.num_blocks} "
-                                    f"blocks the cached prefixes leave")
-            # a step that preempted admitted nothing: the next one tries the queue again; one that admitted a request
-            # may change the next one's K
-            alike = (self.stretches and self.stats.num_preemptions == num_preempted
-                     and self.steps.k(len(running)) == k)
-            steps = self._stretch(batch, chunks, budget, bool(waiting)) if alike else 1
-            num_decodes = len(batch)
-            base = sum(run.computed for run in batch)
-            context = np.full(steps, float(base))
-            for run in batch if steps > 1 else ():
-                context[1:] += run.cum[run.done:run.done + steps - 1] - run.emitted(run.done)
-            if steps > 1 and chunks:     # one chunk, the whole budget each step: its context grows by the chunk
-                (run, chunk), = chunks
-                prefill = [(chunk, run.computed + chunk * np.arange(steps))]
-            else:
-                prefill = [(chunk, run.computed) for run, chunk in chunks]
-            rows = model.batch_features(prefill, num_decodes, context, q)
-            durations = model.times(rows)
-            admissible = budget and not blocked and len(running) < sched.max_num_seqs
-            # a release is admitted at the first step after it; a session-aware free order also notes its arrival
-            if steps > 1 and releases and (admissible or self.session_aware):
-                starts = now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
-                steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
-            if steps > 1:       # the blocks the stretch's later verifications need, or fewer steps
-                steps = max(1, self._grow_stretch(batch, steps, q))
-            durations, rows = durations[:steps], rows[:steps]
-            if not self.stats.num_steps and model.first_step_s:       # the host's one-time work (hardware.py)
-                durations = durations.copy()
-                durations[0] += model.first_step_s
-            self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
-                                                float((durations / model.rooflines(rows)).min()))
-            now += float(durations.sum())
-            self.stats.num_steps += steps
-            self.stats.num_stretch_steps += steps if steps > 1 else 0
-            if chunks and batch:
-                self.stats.num_mixed_steps += steps
-                self.stats.mixed_s += float(durations.sum())
-            self.stats.busy_s += float(durations.sum())
-            for run in batch:
-                before = run.emitted(run.done)
-                run.done += steps
-                run.computed += run.emitted(run.done) - before
-            self.stats.drafts += steps * num_decodes * (q - 1)
-            done = [run for run in batch if run.done == run.steps]
-            for run, chunk in chunks:
-                run.computed += chunk * steps
-                pool.progress(run.rid, run.computed)
-                if run.computed == run.target:
-                    if math.isnan(run.first_s):
-                        run.first_s = now
-                    prefilling.remove(run)
-                    if run.done < run.steps:
-                        decoding.append(run)
-                    else:
-                        done.append(run)
-            for run in done:
-                if run in decoding:
-                    decoding.remove(run)
-                finish(run, now)
-        self.stats.cache = {"hit_rate": cache_hit_rate(list(records.values())),
+            self._step(*self._schedule_step())
+        pool = self.pool
+        self.stats.cache = {"hit_rate": cache_hit_rate(list(self._records.values())),
                             "num_evictions": pool.num_evictions, "num_resumes": pool.num_resumes,
                             "num_preemptions": pool.num_preemptions}
-        return [records[i] for i in range(total)], self.stats
+        return [self._records[i] for i in range(len(self.requests))], self.stats
+
+    def _release(self) -> None:
+        """Releases due by now join the queue (a session-aware free order notes their arrival)."""
+        releases = self._releases
+        while releases and releases[0][0] <= self._now:
+            ready, rid = heapq.heappop(releases)
+            r = self.requests[rid]
+            self.pool.free.note_admit(r.session, ready, rid, r.parent)
+            self._waiting.append((rid, ready))
+
+    def _schedule_step(self) -> tuple[list[_Run], list[tuple[_Run, int]], int, int, int]:
+        """vLLM v1's order: running decodes first (each growing its blocks, preempting the newest when they run
+        out), then running prefills' chunks, then admissions from the queue while budget and sequences last. The
+        decode batch, the prefill chunks, the budget left, the step's K and the preemptions before it."""
+        sched, running, decoding = self.scheduler, self._running, self._decoding
+        budget = sched.max_num_batched_tokens
+        batch: list[_Run] = []
+        num_preempted = self.stats.num_preemptions
+        # vLLM sets the next step's K from the requests it scheduled: those running now
+        k = self.steps.k(len(running)) if running else self.steps.k(1)
+        q = 1 + k
+        for run in list(decoding):
+            if budget < q:
+                break
+            if run not in decoding:         # preempted for an earlier one this step
+                continue
+            run.use_k(k)
+            while not self._grow(run, run.computed + q):
+                victim = running[-1]
+                if victim in batch:
+                    batch.remove(victim)
+                    budget += q
+                self._preempt(victim)
+                if victim is run:
+                    break
+            if run in decoding:
+                batch.append(run)
+                budget -= q
+        chunks: list[tuple[_Run, int]] = []
+        for run in self._prefilling:
+            if not budget:
+                break
+            chunk = self._chunk(run, budget)
+            if chunk:
+                chunks.append((run, chunk))
+                budget -= chunk
+        budget = self._admit_waiting(chunks, budget, k, num_preempted)
+        return batch, chunks, budget, k, num_preempted
+
+    def _admit_waiting(self, chunks: list[tuple[_Run, int]], budget: int, k: int, num_preempted: int) -> int:
+        """Admit from the queue's head while a block-aligned chunk fits the budget and the pool its blocks, each
+        admitted request's first chunk added to `chunks`; vLLM admits nothing in a step that preempts. The budget
+        left."""
+        sched, pool, waiting = self.scheduler, self.pool, self._waiting
+        while (waiting and budget and not self._blocked and len(self._running) < sched.max_num_seqs
+               and self.stats.num_preemptions == num_preempted):
+            rid, ready = waiting[0]
+            run = self._preempted.get(rid)
+            request = run.request if run else self.requests[rid]
+            if not prefill_chunk(self._hit(rid, request), request.num_prompt_tokens, budget, pool.block_size,
+                                 sched.max_num_batched_tokens):
+                break       # vLLM: no block-aligned chunk fits the budget left; the queue waits a step
+            hit = self._admit(rid, request, self._now)
+            if hit is None:
+                self._blocked = True
+                break
+            waiting.popleft()
+            if run:
+                del self._preempted[rid]
+                run.computed = hit
+            else:
+                run = self._new_run(rid, hit, ready, k)
+            self._running.append(run)
+            self._prefilling.append(run)
+            chunk = self._chunk(run, budget)
+            chunks.append((run, chunk))
+            budget -= chunk
+        return budget
+
+    def _step(self, batch: list[_Run], chunks: list[tuple[_Run, int]], budget: int, k: int,
+              num_preempted: int) -> None:
+        """Run the scheduled step (and the steps alike after it, a stretch) and advance time, the runs and the
+        stats; finish the requests that end."""
+        if not (batch or chunks):
+            if self._running:
+                raise RuntimeError(f"sim engine: nothing schedulable at {self._now:.3f} s with {len(self._running)} "
+                                   "running")
+            rid = self._waiting[0][0]
+            r = self.requests[rid]
+            raise CapacityError(f"{self.trace.source or 'trace'}: request {rid} ({r.num_prompt_tokens} prompt + "
+                                f"{r.num_output_tokens} output tokens) does not fit in the {self.pool.num_blocks} "
+                                f"blocks the cached prefixes leave")
+        model, q = self.steps.models[k], 1 + k
+        # a step that preempted admitted nothing: the next one tries the queue again; one that admitted a request
+        # may change the next one's K
+        alike = (self.stretches and self.stats.num_preemptions == num_preempted
+                 and self.steps.k(len(self._running)) == k)
+        steps = self._stretch(batch, chunks, budget, bool(self._waiting)) if alike else 1
+        num_decodes = len(batch)
+        base = sum(run.computed for run in batch)
+        context = np.full(steps, float(base))
+        for run in batch if steps > 1 else ():
+            context[1:] += run.cum[run.done:run.done + steps - 1] - run.emitted(run.done)
+        if steps > 1 and chunks:     # one chunk, the whole budget each step: its context grows by the chunk
+            (run, chunk), = chunks
+            prefill = [(chunk, run.computed + chunk * np.arange(steps))]
+        else:
+            prefill = [(chunk, run.computed) for run, chunk in chunks]
+        rows = model.batch_features(prefill, num_decodes, context, q)
+        durations = model.times(rows)
+        admissible = budget and not self._blocked and len(self._running) < self.scheduler.max_num_seqs
+        # a release is admitted at the first step after it; a session-aware free order also notes its arrival
+        releases = self._releases
+        if steps > 1 and releases and (admissible or self.session_aware):
+            starts = self._now + np.concatenate(([0.0], np.cumsum(durations[:-1])))
+            steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
+        if steps > 1:       # the blocks the stretch's later verifications need, or fewer steps
+            steps = max(1, self._grow_stretch(batch, steps, q))
+        durations, rows = durations[:steps], rows[:steps]
+        if not self.stats.num_steps and model.first_step_s:       # the host's one-time work (hardware.py)
+            durations = durations.copy()
+            durations[0] += model.first_step_s
+        self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
+                                            float((durations / model.rooflines(rows)).min()))
+        self._now += float(durations.sum())
+        self.stats.num_steps += steps
+        self.stats.num_stretch_steps += steps if steps > 1 else 0
+        if chunks and batch:
+            self.stats.num_mixed_steps += steps
+            self.stats.mixed_s += float(durations.sum())
+        self.stats.busy_s += float(durations.sum())
+        for run in batch:
+            before = run.emitted(run.done)
+            run.done += steps
+            run.computed += run.emitted(run.done) - before
+        self.stats.drafts += steps * num_decodes * (q - 1)
+        done = [run for run in batch if run.done == run.steps]
+        for run, chunk in chunks:
+            run.computed += chunk * steps
+            self.pool.progress(run.rid, run.computed)
+            if run.computed == run.target:
+                if math.isnan(run.first_s):
+                    run.first_s = self._now
+                self._prefilling.remove(run)
+                if run.done < run.steps:
+                    self._decoding.append(run)
+                else:
+                    done.append(run)
+        for run in done:
+            if run in self._decoding:
+                self._decoding.remove(run)
+            self._finish(run, self._now)
+
+    def _finish(self, run: _Run, t: float) -> None:
+        """The request ends at `t`: its blocks freed (or kept for a resume), its record written, the requests it
+        releases queued."""
+        if run.computed != run.request.num_processed_tokens:      # every token computed once, or again after
+            raise RuntimeError(f"sim engine: request {run.rid} finished with {run.computed} of its "
+                               f"{run.request.num_processed_tokens} tokens computed")
+        self.stats.accepted += max(run.output - 1 - run.steps, 0)
+        self.pool.finish(run.rid, run.request, t)
+        self._running.remove(run)
+        self._records[run.rid] = RequestRecord(run.arrival_s, run.first_s, t, run.prompt, run.output, run.hit)
+        self._blocked = False
+        for rel in self._workload.on_finish(run.rid, t):
+            heapq.heappush(self._releases, (rel.ready_s, rel.request_id))
+
+    def _preempt(self, run: _Run) -> None:
+        """vLLM's recompute preemption: the blocks freed, back to the head of the queue; admitted again, it
+        prefills all it had computed (from what is still cached) and decodes on."""
+        self.pool.preempt(run.rid, run.computed)
+        self._running.remove(run)
+        (self._decoding if run in self._decoding else self._prefilling).remove(run)
+        r = self.requests[run.rid]
+        target = max(run.computed, run.target)      # a re-prefill preempted again keeps its target
+        run.request = dataclasses.replace(r, num_prompt_tokens=target,
+                                          num_output_tokens=r.num_processed_tokens + 1 - target)
+        self._preempted[run.rid] = run
+        self._waiting.appendleft((run.rid, run.arrival_s))
+        self.stats.num_preemptions += 1
+        self._blocked = False
