@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from ablations.backends.sim.config import GRAPH_MODES
 from ablations.hardware import HardwareConfig
 
-MODES = GRAPH_MODES
 # The passes that run vLLM's splitting ops (attention), eager in a piecewise step.
 SPLITTING = ("kda_prefill", "kda_recurrent", "kda_streams", "mla_prefill", "mla_decode")
 
@@ -39,8 +38,8 @@ class Graphs:
     mtp_pieces: int = 1
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"cudagraph_mode: invalid value {self.mode!r}; valid choices: {', '.join(MODES)}")
+        if self.mode not in GRAPH_MODES:
+            raise ValueError(f"cudagraph_mode: invalid value {self.mode!r}; valid choices: {', '.join(GRAPH_MODES)}")
 
     def step_mode(self, tokens: int, prefills: bool) -> str:
         """How a step of `tokens` tokens (prefilling or not) launches: full, piecewise or eager."""

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from import_graph import imported_modules
 
 import opts
 from opts.base import BenchCase, Optimization, ToggleConfig
@@ -27,18 +28,6 @@ OPTS_DIR = Path(opts.__file__).parent
 def optimization_packages() -> set[str]:
     """Dotted names of the optimization packages: every package under opts/ with a config.py."""
     return {f"opts.{p.parent.name}" for p in OPTS_DIR.glob("*/config.py")}
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Absolute module names a file imports (`from opts import x` counts as opts.x)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
 
 
 def toggle_problems(module) -> list[str]:
