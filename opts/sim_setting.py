@@ -3,7 +3,9 @@
 `sim.py` imports nothing from `ablations`; the simulator (`ablations/backends/sim/`) merges a vector's records into
 one (`SimSetting.merged`, field by field) and applies it: it
 prices a step with the kernel classes and cost mechanisms the records ask for, runs the prefix cache with their free
-order and resume point, and verifies their number of drafts. Nothing in a record says how much faster anything is.
+order and resume point, and verifies their number of drafts. Nothing in a record says how much faster anything is:
+what a record hands the simulator beyond flags (a fused stage's traffic, draft_length's schedule) are the toggle's
+own functions of what the simulator asks for.
 """
 
 from __future__ import annotations
@@ -11,6 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
+
+
+@dataclass(frozen=True)
+class StageTraffic:
+    """One stage of a step as the simulator prices it: kernels launched and bytes moved."""
+
+    kernels: int
+    bytes: float
+
+
+# A fused stage's pricing, by stage: "kda_decode" (num_tokens, num_heads, head_dim, conv_width, act_bytes) for that
+# many one-token requests on a rank holding num_heads heads; "mla_norm" (num_tokens, q_lora_rank, kv_lora_rank,
+# act_bytes) for the q and kv latents' RMSNorms over num_tokens tokens.
+StagePricing = Callable[..., StageTraffic]
+STAGES = ("kda_decode", "mla_norm")
 
 
 @dataclass(frozen=True)
@@ -26,8 +43,9 @@ class SimSetting:
     tokens, the replicated one in the others, every rank holding all the weights (moe_dedup tiered);
     `sequence_parallel_moe`: each rank runs the MoE layer's router, projections and shared experts on 1/tp of the
     tokens, its 1/tp of the experts on all of them, behind all-gathers and a reduce-scatter (moe_dedup sp).
-    `fused`: stages that run as one fused kernel each (fusion on: "kda_decode", "mla_norm"), their kernels and
-    bytes from fusion's traffic accounting (`opts.fusion.sim`).
+    `fused`: {stage: pricing} for stages that run as one fused kernel each (fusion on: "kda_decode", "mla_norm"),
+    the fused kernel's kernels and bytes at the sizes the simulator asks for (`StagePricing`; fusion's traffic
+    accounting); the simulator prices a stage not listed as stock vLLM's separate passes.
     `free_list`: a factory of the prefix cache's free-block order; `resume`: where a session's next turn resumes
     (cache_retention). `num_drafts` and `alphas`: MTP drafts per verification and their conditional acceptance
     rates (draft_length; None: the simulator's default); with `draft_schedule` (draft_length on) `num_drafts` is
@@ -41,7 +59,7 @@ class SimSetting:
     sharded_latent_up: bool = False
     latent_up_tier: int | None = None
     sequence_parallel_moe: bool = False
-    fused: tuple[str, ...] = ()
+    fused: dict[str, StagePricing] = field(default_factory=dict)
     free_list: Callable[[], Any] | None = None
     resume: Any = None
     num_drafts: int | None = None
@@ -52,9 +70,9 @@ class SimSetting:
         bad = {k: v for k, v in self.kernel_classes.items() if not (isinstance(k, str) and isinstance(v, str))}
         if bad:
             raise ValueError(f"SimSetting.kernel_classes: names and classes must be strings, got {bad!r}")
-        if isinstance(self.fused, str) or not all(isinstance(m, str) for m in self.fused):
-            raise ValueError(f"SimSetting.fused: expected a list of stage names, got {self.fused!r}")
-        object.__setattr__(self, "fused", tuple(self.fused))
+        if not isinstance(self.fused, dict) or any(k not in STAGES or not callable(v) for k, v in self.fused.items()):
+            raise ValueError(f"SimSetting.fused: invalid value {self.fused!r}; valid: {{stage: pricing}}, stages "
+                             f"{', '.join(STAGES)}, each pricing a function returning a StageTraffic")
         if self.num_drafts is not None and (isinstance(self.num_drafts, bool) or not isinstance(self.num_drafts, int)
                                             or self.num_drafts < 0):
             raise ValueError(f"SimSetting.num_drafts: invalid value {self.num_drafts!r}; valid: an integer >= 0")
@@ -62,8 +80,8 @@ class SimSetting:
 
     @classmethod
     def merged(cls, settings: Iterable[SimSetting]) -> SimSetting:
-        """One setting holding what each of `settings` sets, field by field: kernel classes joined, flags or'd,
-        fused stages joined in order; any other field (the MoE tier, the cache's free order and resume point,
+        """One setting holding what each of `settings` sets, field by field: kernel classes and fused stages
+        joined, flags or'd; any other field (the MoE tier, the cache's free order and resume point,
         drafts, their rates and schedule) from the one setting that sets it. Two settings that set such a field,
         or one kernel class, to different values are a ValueError naming the field."""
         settings = list(settings)
@@ -71,18 +89,16 @@ class SimSetting:
         for f in fields(cls):
             default = f.default_factory() if f.default is MISSING else f.default
             given = [getattr(s, f.name) for s in settings if getattr(s, f.name) != default]
-            if f.name == "kernel_classes":
-                joined: dict[str, str] = {}
-                for classes in given:
-                    for name, kernel_class in classes.items():
-                        if joined.setdefault(name, kernel_class) != kernel_class:
-                            raise ValueError(f"SimSetting.kernel_classes[{name!r}]: set to {joined[name]!r} and "
-                                             f"{kernel_class!r} by two toggles")
+            if isinstance(default, dict):
+                joined: dict[str, Any] = {}
+                for entries in given:
+                    for name, value in entries.items():
+                        if joined.setdefault(name, value) != value:
+                            raise ValueError(f"SimSetting.{f.name}[{name!r}]: set to {joined[name]!r} and "
+                                             f"{value!r} by two toggles")
                 values[f.name] = joined
             elif isinstance(default, bool):
                 values[f.name] = any(given)
-            elif f.name == "fused":
-                values[f.name] = tuple(dict.fromkeys(stage for stages in given for stage in stages))
             else:
                 distinct = [v for i, v in enumerate(given) if v not in given[:i]]
                 if len(distinct) > 1:

@@ -1,5 +1,6 @@
 """The layering: the app's config and the schemas import no backend (each backend checks its own config through
-its schema's `VALIDATOR`). The other arrow, `opts` importing nothing from `ablations`, is the contract test's
+its schema's `VALIDATOR`); the simulator sees a toggle only through the registry and its `SimSetting`, importing
+no toggle package. The other arrow, `opts` importing nothing from `ablations`, is the contract test's
 (`tests/unit/optimizations/test_contract.py::test_opts_never_imports_ablations`)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from import_graph import imported_modules
 import ablations
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.vllm.config import VllmBackendConfig
+from opts.registry import OPTIMIZATIONS
 
 ROOT = Path(ablations.__file__).parent
 # The app's config and every schema it composes
@@ -53,3 +55,22 @@ def test_each_backend_checks_its_own_config(schema) -> None:
     module = importlib.import_module(schema.VALIDATOR)
     assert callable(module.validate) and callable(module.wired)
     assert module.__name__.startswith(schema.__module__.rsplit(".", 1)[0] + ".")
+
+
+def toggle_imports(path: Path) -> list[str]:
+    """The toggle packages' modules (`opts.<toggle>...`) `path` imports."""
+    return sorted(name for name in imported_modules(path)
+                  if name.split(".")[0] == "opts" and len(name.split(".")) > 1 and name.split(".")[1] in OPTIMIZATIONS)
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in (ROOT / "backends" / "sim").glob("*.py")))
+def test_the_simulator_imports_no_toggle_package(module: str) -> None:
+    # what a toggle hands the simulator (fusion's fused pricing, draft_length's schedule) travels in its SimSetting
+    assert toggle_imports(ROOT / "backends" / "sim" / module) == []
+
+
+def test_a_planted_toggle_import_is_found(tmp_path: Path) -> None:
+    planted = tmp_path / "cost.py"
+    planted.write_text("from opts.k3 import K3\nfrom opts.sim_setting import StageTraffic\n"
+                       "from opts.fusion.sim import fused_kda_decode\n")
+    assert toggle_imports(planted) == ["opts.fusion.sim", "opts.fusion.sim.fused_kda_decode"]

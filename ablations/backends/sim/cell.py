@@ -19,7 +19,7 @@ from ablations.backends.sim.cost import Mechanisms, Parallel, SimModel
 from ablations.backends.sim.engine import EngineStats, SchedulerConfig, simulate, trace_keys
 from ablations.backends.sim.models import MODELS
 from ablations.backends.sim.served import graphs, served_model
-from ablations.backends.sim.step_model import DecodeSeconds, DraftSteps, StepModel
+from ablations.backends.sim.step_model import DecodeSeconds, DraftSteps, StepModel, one_k
 from ablations.backends.sim.timing import cache_capacity_gb
 from ablations.hardware import HardwareConfig
 from ablations.metrics import (
@@ -34,7 +34,6 @@ from ablations.metrics import (
 )
 from ablations.workload.trace import Trace
 from opts.base import ToggleConfig
-from opts.draft_length.schedule import fixed_schedule
 from opts.k3.cache import Resume
 from opts.k3.cache.free_list import LruFreeList
 from opts.k3.cache.geometry import CacheGeometry, geometry
@@ -88,15 +87,15 @@ def mean_context(trace: Trace) -> float:
     return sum(r.input_length + r.output_length / 2 for r in trace.requests) / len(trace.requests)
 
 
-def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int, Mechanisms], StepModel],
+def draft_steps(setting: SimSetting, build: Callable[[int, Mechanisms], StepModel],
                 mech: Mechanisms, trace: Trace | None) -> DraftSteps:
     """draft_length's step models and the K of each batch size: its fixed K, or the schedule its chooser picks on
-    this node's own c(b, K) at the workload's mean context (on). The fused KDA decode (`fuse_kda_decode`) only
-    when no K is above 0: vLLM then configures no speculation (`opts/draft_length/vllm.py`), and it decides at
-    construction (amd/ops/kda_decode.py)."""
+    this node's own c(b, K) at the workload's mean context (on). The fused KDA decode (the setting's
+    `fused["kda_decode"]`) only when no K is above 0: vLLM then configures no speculation
+    (`opts/draft_length/vllm.py`), and it decides at construction (amd/ops/kda_decode.py)."""
     probes: dict[int, StepModel] = {}
     if setting.draft_schedule is None:
-        schedule = fixed_schedule(setting.num_drafts or 0, 1)
+        schedule = one_k(setting.num_drafts or 0)
     elif trace is None:
         raise ValueError("draft_length on: its chooser weighs step times at the workload's mean context; "
                          "sim_setup needs the trace")
@@ -104,8 +103,8 @@ def draft_steps(setting: SimSetting, fuse_kda_decode: bool, build: Callable[[int
         probes = {k: build(k, mech) for k in range(setting.num_drafts + 1)}
         schedule = setting.draft_schedule(DecodeSeconds(probes, mean_context(trace)))
     ks = {k for _, _, k in schedule}
-    if fuse_kda_decode and ks == {0}:
-        return DraftSteps({0: build(0, replace(mech, fused_kda_decode=True))}, schedule)
+    if "kda_decode" in setting.fused and ks == {0}:
+        return DraftSteps({0: build(0, replace(mech, fused_kda_decode=setting.fused["kda_decode"]))}, schedule)
     return DraftSteps({k: probes.get(k) or build(k, mech) for k in ks}, schedule)
 
 
@@ -123,7 +122,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
     parallel = Parallel(tp=backend.tp or hardware.num_devices, moe=backend.moe)
     mech = Mechanisms(packed_kda=applied.packed_kda, kda_streams=applied.kda_streams,
                       sharded_latent_up=applied.sharded_latent_up, latent_up_tier=applied.latent_up_tier,
-                      sequence_parallel_moe=applied.sequence_parallel_moe, fused_mla_norm="mla_norm" in applied.fused)
+                      sequence_parallel_moe=applied.sequence_parallel_moe, fused_mla_norm=applied.fused.get("mla_norm"))
     left = cache_capacity_gb(model, parallel, hardware, backend.gpu_memory_utilization, backend.non_kv_gb, mech=mech)
     if backend.cache_gb > left:
         raise ValueError(f"backend.cache_gb: {backend.cache_gb:g} GB per rank is more than the {left:.1f} GB "
@@ -137,7 +136,7 @@ def sim_setup(backend: SimBackendConfig, model_name: str, hardware: HardwareConf
         return StepModel(model, parallel, hardware, k, classes=classes, graphs=launch,
                          mech=mech if k else replace(mech, packed_kda=False, kda_streams=False))
 
-    steps = draft_steps(applied, "kda_decode" in applied.fused, build, mech, trace)
+    steps = draft_steps(applied, build, mech, trace)
     layout = geometry(model.spec, tp=parallel.tp, kv_bytes=int(model.kv_bytes), conv_bytes=int(model.conv_bytes),
                     num_spec_tokens=steps.max_k)
     return SimSetup(model, parallel, hardware, steps, layout, cache_gb, layout.num_blocks(cache_gb * 1e9),

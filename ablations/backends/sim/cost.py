@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 from ablations.backends.sim.config import MOE_SPLITS, MXFP4_BYTES
 from ablations.hardware import PRECISIONS
-from opts.fusion.sim import kda_decode_traffic, mla_norm_traffic
 from opts.k3 import K3, K3Spec
+from opts.sim_setting import StagePricing, StageTraffic
 
 KINDS = ("prefill", "decode", "verify")
 
@@ -99,8 +99,9 @@ class Mechanisms:
     only its 1/tp of the hidden size from the latent MoE's output, holding only those rows (moe_dedup on), or
     `latent_up_tier`, doing so only in a MoE pass of more than that many tokens, holding every row (tiered);
     `sequence_parallel_moe`, the MoE layer over 1/tp of the tokens a rank behind all-gathers (moe_dedup sp);
-    `fused_kda_decode` and `fused_mla_norm`, those stages as one kernel each (fusion on; the KDA decode only in a
-    step that prefills nothing, and never with speculation configured: the caller's rule); `kda_streams`, a
+    `fused_kda_decode` and `fused_mla_norm`, the pricing of those stages as one kernel each (fusion on, its
+    traffic accounting; None: stock vLLM's separate passes, `stock_kda_decode` / `stock_mla_norm`; the KDA decode
+    only in a step that prefills nothing, and never with speculation configured: the caller's rule); `kda_streams`, a
     step's recurrent (verification) and chunked (prefill) KDA passes at once on two streams, one pass of both
     costs ("kda_streams", sharing the node's compute and bandwidth) instead of two one after the other
     (kda_overlap streams)."""
@@ -109,8 +110,8 @@ class Mechanisms:
     sharded_latent_up: bool = False
     latent_up_tier: int | None = None
     sequence_parallel_moe: bool = False
-    fused_kda_decode: bool = False
-    fused_mla_norm: bool = False
+    fused_kda_decode: StagePricing | None = None
+    fused_mla_norm: StagePricing | None = None
     kda_streams: bool = False
 
 
@@ -199,11 +200,41 @@ def _split(total: int, tp: int, name: str) -> int:
     return total // tp
 
 
+SLOT_BYTES = 4       # vLLM's int32 slot indices
+
+
+def stock_kda_decode(num_tokens: int, num_heads: int, head_dim: int, conv_width: int,
+                     act_bytes: float) -> StageTraffic:
+    """vLLM's KDA decode of `num_tokens` one-token requests on a rank holding `num_heads` heads as separate passes:
+    the conv update, the recurrent update, a copy of its output, the gated RMSNorm, a copy of its output. Each pass
+    streams its inputs and outputs once and writes its new state rows to their slots itself; fp32 states, the conv
+    window in the activations' dtype."""
+    n, es = num_tokens, act_bytes
+    hd = num_heads * head_dim
+    channels, rows = 3 * hd, n * hd                         # conv channels (q, k, v); the output's elements
+    state = n * hd * head_dim * 4
+    window = n * channels * (conv_width - 1) * es
+    slots = n * SLOT_BYTES
+    conv = 2 * n * channels * es + 2 * window + channels * conv_width * es + slots   # x, window in and out; weights
+    recurrence = (n * channels * es + rows * es + n * num_heads * es + 4 * num_heads + 4 * hd   # q k v, g, beta, A, dt
+                  + 2 * state + slots + rows * es)                                  # state in and out; o out
+    copy = 2 * rows * es
+    norm = 3 * rows * es + head_dim * es                    # o and gate in, out; weight
+    return StageTraffic(5, float(conv + recurrence + 2 * copy + norm))
+
+
+def stock_mla_norm(num_tokens: int, q_lora_rank: int, kv_lora_rank: int, act_bytes: float) -> StageTraffic:
+    """vLLM's RMSNorms of the MLA q and kv latents over `num_tokens` tokens: one pass each, reading its latent and
+    weight, writing a new tensor."""
+    latent = q_lora_rank + kv_lora_rank
+    return StageTraffic(2, float(2 * num_tokens * latent * act_bytes + latent * act_bytes))
+
+
 def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
     """One KDA layer per rank: its projections (in_proj q, k, v, output gate, f_a, beta; f_b; o_proj), the
     short conv and the recurrence (chunked for prefill, token by token for decode and verify). The decode rows'
-    conv, recurrence and gated norm move the bytes and launch the kernels of fusion's traffic accounting: its
-    fused kernel with `mech.fused_kda_decode` in a step that prefills nothing, else its separate passes."""
+    conv, recurrence and gated norm run as `mech.fused_kda_decode` prices its fused kernel in a step that prefills
+    nothing, else as vLLM's separate passes (`stock_kda_decode`)."""
     s, t = m.spec, p.tp
     d, heads = s.kda_head_dim, _split(s.kda_heads, t, "kda_heads")
     proj = heads * d                                    # P / tp
@@ -234,12 +265,12 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
     recurrent.kernels = 3 if any(q.kind == "verify" for q in seqs) else 0
     if decodes:
         if m.state_bytes != 4 or m.conv_bytes != m.act_bytes:
-            raise ValueError(f"SimModel: fusion's KDA decode traffic has an fp32 state and the conv window in the "
+            raise ValueError(f"SimModel: the KDA decode's traffic has an fp32 state and the conv window in the "
                              f"activations' dtype; got state_bytes {m.state_bytes}, conv_bytes {m.conv_bytes}, "
                              f"act_bytes {m.act_bytes}")
         n = len(decodes)
-        fused = mech.fused_kda_decode and not prefill.kernels
-        stage = kda_decode_traffic(n, heads, d, s.conv_width, m.act_bytes, fused)
+        pricing = mech.fused_kda_decode if mech.fused_kda_decode and not prefill.kernels else stock_kda_decode
+        stage = pricing(n, heads, d, s.conv_width, m.act_bytes)
         cache = n * 2 * (state + (s.conv_width - 1) * 3 * proj * m.conv_bytes)
         flops = n * (heads * 7.0 * d * d + 2.0 * 3 * proj * s.conv_width)
         recurrent.add(Cost(flops=flops, cache_bytes=cache, act_bytes=stage.bytes - cache, kernels=stage.kernels))
@@ -247,8 +278,8 @@ def kda_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
 
 
 def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
-    """One MLA layer per rank: fused q/kv down-projection (replicated), the RMSNorms of its q and kv latents (the
-    kernels and bytes of fusion's traffic accounting: one fused pass with `mech.fused_mla_norm`, else two), q_b,
+    """One MLA layer per rank: fused q/kv down-projection (replicated), the RMSNorms of its q and kv latents (as
+    `mech.fused_mla_norm` prices its one fused pass, else vLLM's two, `stock_mla_norm`), q_b,
     kv_b, output gate (where the spec has one), o_proj; attention over the 576-wide latent cache, which every rank
     keeps whole (prefill: heads expanded; decode and verify: absorbed into the latent)."""
     s, t = m.spec, p.tp
@@ -263,7 +294,7 @@ def mla_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOC
         projections.insert(2, gemm(tokens, s.hidden, heads * s.v_head_dim, m.weight_bytes, m.act_bytes))
     gemms = Cost.total(projections)
     gemms.comm_bytes, gemms.collectives = tokens * s.hidden * m.act_bytes, 1
-    stage = mla_norm_traffic(tokens, s.q_lora_rank, s.kv_lora_rank, m.act_bytes, mech.fused_mla_norm)
+    stage = (mech.fused_mla_norm or stock_mla_norm)(tokens, s.q_lora_rank, s.kv_lora_rank, m.act_bytes)
     norm = Cost(flops=4.0 * tokens * (s.q_lora_rank + s.kv_lora_rank), act_bytes=stage.bytes, kernels=stage.kernels)
     kv_b = s.kv_lora_rank * heads * (s.qk_nope_dim + s.v_head_dim)
     prefill, decode = Cost(), Cost()

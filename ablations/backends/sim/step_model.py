@@ -42,7 +42,6 @@ from ablations.backends.sim.timing import (
     step_time,
 )
 from ablations.hardware import HOST_FIGURES, HardwareConfig
-from opts.draft_length.schedule import check_schedule, fixed_schedule
 
 # The features of a list of Seqs: whether there are any, the expected experts touched, then per kind (prefill; decode
 # and verify; decode or verification in a step that also prefills: kda_overlap packs those verifications, and the
@@ -408,13 +407,25 @@ class StepModel:
                          precisions=self.model.precisions)
 
 
+Schedule = tuple[tuple[int, int, int], ...]
+
+
+def one_k(k: int) -> Schedule:
+    """One K at every batch size, in vLLM's form: the range [1, 1], whose K vLLM keeps past it."""
+    return ((1, 1, k),)
+
+
 class DraftSteps:
     """The step model of each draft length K a cell runs and the K each batch size gets: vLLM's lookup of
-    `num_speculative_tokens_per_batch_size` (draft_length on), or one K everywhere (`fixed`). `max_k`, the largest,
-    is vLLM's `num_speculative_tokens` (no speculation configured when it is 0: `opts/draft_length/vllm.py`)."""
+    `num_speculative_tokens_per_batch_size`, inclusive batch-size ranges [(lo, hi, K), ...] from 1 as draft_length
+    hands them over (its setting's `draft_schedule`, checked there), or one K everywhere (`fixed`). `max_k`, the
+    largest, is vLLM's `num_speculative_tokens` (no speculation configured when it is 0:
+    `opts/draft_length/vllm.py`)."""
 
     def __init__(self, models: dict[int, StepModel], schedule: Sequence[Sequence[int]]) -> None:
-        self.schedule = check_schedule(schedule)
+        self.schedule: Schedule = tuple((lo, hi, k) for lo, hi, k in schedule)
+        if not self.schedule:
+            raise ValueError("DraftSteps: an empty schedule; valid: [(lo, hi, K), ...] from batch size 1")
         ks = sorted({k for _, _, k in self.schedule})
         missing = [k for k in ks if k not in models or models[k].num_drafts != k]
         if missing:
@@ -426,7 +437,7 @@ class DraftSteps:
     @classmethod
     def fixed(cls, model: StepModel) -> DraftSteps:
         """One model's K at every batch size."""
-        return cls({model.num_drafts: model}, fixed_schedule(model.num_drafts, 1))
+        return cls({model.num_drafts: model}, one_k(model.num_drafts))
 
     @property
     def mech(self) -> Mechanisms:

@@ -17,8 +17,11 @@ from ablations.backends.sim.cost import (
     moe_layer,
     mtp_costs,
     step_costs,
+    stock_kda_decode,
+    stock_mla_norm,
     weights_per_rank,
 )
+from opts.fusion.sim import fused_kda_decode, fused_mla_norm, unfused
 
 R, C = 4, 1000                         # requests, cached tokens each
 STEP = [Seq(1, C, "decode")] * R
@@ -96,7 +99,25 @@ def test_verify_keeps_one_state_and_a_longer_conv_window():
     assert costs["lm_head"].flops == 2 * 4 * LM_HEAD_PARAMS
 
 
-FUSED = Mechanisms(fused_kda_decode=True, fused_mla_norm=True)
+FUSED = Mechanisms(fused_kda_decode=fused_kda_decode, fused_mla_norm=fused_mla_norm)
+
+
+@pytest.mark.parametrize("act_bytes", [2, 4])
+@pytest.mark.parametrize(("tokens", "heads", "head_dim", "conv_width"), [(1, 12, 128, 4), (4, 12, 128, 4),
+                                                                         (37, 96, 128, 4), (3, 2, 16, 3)])
+def test_the_stock_kda_decode_is_fusions_off_path(tokens, heads, head_dim, conv_width, act_bytes):
+    # the simulator prices stock vLLM itself; fusion's traffic accounting of its off path is the second derivation
+    sizes = (tokens, heads, head_dim, conv_width, act_bytes)
+    assert stock_kda_decode(*sizes) == unfused("kda_decode", *sizes)
+    assert fused_kda_decode(*sizes).kernels == 1
+
+
+@pytest.mark.parametrize("act_bytes", [2, 4])
+@pytest.mark.parametrize(("tokens", "q_lora", "kv_lora"), [(1, 1536, 512), (200, 1536, 512), (7, 64, 32)])
+def test_the_stock_mla_norms_are_fusions_off_path(tokens, q_lora, kv_lora, act_bytes):
+    sizes = (tokens, q_lora, kv_lora, act_bytes)
+    assert stock_mla_norm(*sizes) == unfused("mla_norm", *sizes)
+    assert fused_mla_norm(*sizes).kernels == 1
 
 
 def test_fusion_on_fuses_the_kda_decode_of_a_step_that_only_decodes():

@@ -11,6 +11,7 @@ from ablations.backends.sim.cost import STOCK, Cost, Mechanisms, Parallel, Seq, 
 from ablations.backends.sim.step_model import NUM_FEATURES, StepModel, exact_costs, fit, probe_steps
 from ablations.backends.sim.timing import roofline_s
 from ablations.config import compose_app
+from opts.fusion.sim import fused_kda_decode, fused_mla_norm
 
 RTOL = 1e-9
 
@@ -19,7 +20,8 @@ def node(name: str):
     return compose_app([f"hardware={name}"]).hardware
 
 
-ALL_ON = Mechanisms(packed_kda=True, sharded_latent_up=True, fused_kda_decode=True, fused_mla_norm=True)
+ALL_ON = Mechanisms(packed_kda=True, sharded_latent_up=True, fused_kda_decode=fused_kda_decode,
+                    fused_mla_norm=fused_mla_norm)
 
 
 @pytest.mark.parametrize("num_drafts", [0, 1, 3])

@@ -18,6 +18,7 @@ from ablations.config import compose_app
 from ablations.workload import load_workload
 from opts.draft_length.chooser import bucket_batch, goodput
 from opts.draft_length.schedule import MAX_BATCH_SIZE, MAX_NUM_SEQS, buckets
+from opts.fusion.sim import fused_kda_decode, fused_mla_norm
 from opts.registry import OPTIMIZATIONS, make_config
 
 CONCURRENCY = 3        # the default case's bracket of 50 tok/s/user lies between 3 and 4 live sessions
@@ -173,9 +174,9 @@ def setup(floor: bool = True, **modes: str):
 def test_mtp_disables_the_fused_kda_decode():
     # vLLM decides at construction: with speculation configured the fused KDA decode is never used
     speculative, plain = setup(fusion="on").steps.mech, setup(fusion="on", draft_length="k0").steps.mech
-    assert speculative.fused_mla_norm and not speculative.fused_kda_decode
-    assert plain.fused_mla_norm and plain.fused_kda_decode
-    assert not setup(draft_length="k0").steps.mech.fused_kda_decode
+    assert speculative.fused_mla_norm is fused_mla_norm and speculative.fused_kda_decode is None
+    assert plain.fused_mla_norm is fused_mla_norm and plain.fused_kda_decode is fused_kda_decode
+    assert setup(draft_length="k0").steps.mech.fused_kda_decode is None
 
 
 @pytest.mark.slow
@@ -222,7 +223,7 @@ def test_draft_length_on_runs_the_k_its_chooser_picks_on_the_simulated_node():
         best = max(range(9), key=lambda k: goodput(cost, (0.8,) * 8, at, k))
         assert steps.k(batch) == best, batch
     assert len({steps.k(b) for b in (1, 4, 16)}) > 1
-    assert setup(draft_length="on", fusion="on").steps.mech.fused_kda_decode is False
+    assert setup(draft_length="on", fusion="on").steps.mech.fused_kda_decode is None
 
 
 @pytest.mark.slow
