@@ -4,8 +4,9 @@ Tokens are packed along dim 0 ([T, H, D]). Every sequence is cut into full chunk
 at most one shorter tail. All chunks' intra-chunk work (scores, the UT solve) is batched; the state passes
 along full chunks step by step, all sequences that still have a chunk at that step together; the tails
 (short prefill ends and verification rows) then run batched by length. A sequence marked `keep_states`
-(a verification row, <= chunk_size tokens) is one tail whose state after every position is written out.
-The math is in README.md.
+(a verification row, <= chunk_size tokens) is one tail whose state after every position is written out. A
+sequence with a snapshot offset (a multiple of chunk_size, at most its full chunks) has its state after that
+many tokens written out too: ROCm's prefill checkpoints. The math is in README.md.
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ class PackPlan:
     full_tokens: torch.Tensor
     tails: tuple[TailGroup, ...]
     state_offsets: tuple[int, ...]
+    snapshots: tuple[tuple[int, int, int], ...] = ()     # (step, rank among the step's sequences, sequence)
 
     @classmethod
     def build(cls, seq_lens: Sequence[int], chunk_size: int, keep_states: Sequence[bool] | None = None,
-              device: torch.device | str = "cpu") -> PackPlan:
+              device: torch.device | str = "cpu", snapshots: Sequence[int] | None = None) -> PackPlan:
         """Plan `seq_lens` (tokens packed in this order). `keep_states[n]`: sequence n needs its state after
-        every position (then it must have <= chunk_size tokens) and no final state."""
+        every position (then it must have <= chunk_size tokens) and no final state. `snapshots[n]` > 0: the
+        state of sequence n after that many tokens is wanted too (a multiple of chunk_size, at most its
+        length; sequences past the list's end want none)."""
         seq_lens = tuple(int(x) for x in seq_lens)
         keep = tuple(bool(x) for x in keep_states) if keep_states is not None else (False,) * len(seq_lens)
         if chunk_size < 1:
@@ -91,8 +95,18 @@ class PackPlan:
         state_offsets = [0]
         for length, kept in zip(seq_lens, keep, strict=True):
             state_offsets.append(state_offsets[-1] + (length if kept else 0))
+        rank = {n: i for i, n in enumerate(full_seqs)}
+        taken = []
+        for n, offset in enumerate(snapshots or ()):
+            if not offset:
+                continue
+            if n >= len(seq_lens) or keep[n] or offset < 0 or offset % chunk_size or offset > num_full[n] * chunk_size:
+                raise ValueError(f"snapshots[{n}]: invalid value {offset!r}; valid: 0, or a multiple of chunk_size "
+                                 f"({chunk_size}) up to the sequence's length "
+                                 f"({seq_lens[n] if n < len(seq_lens) else 'none'}), not on a kept-state row")
+            taken.append((offset // chunk_size - 1, rank[n], n))
         return cls(seq_lens, chunk_size, tuple(full_seqs), tuple(steps), full_tokens, tails,
-                   tuple(state_offsets))
+                   tuple(state_offsets), tuple(sorted(taken)))
 
     @property
     def num_seqs(self) -> int:
@@ -149,13 +163,14 @@ class StateRows:
 def chunk_kda_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      plan: PackPlan, initial_states: Sequence[torch.Tensor], *, scale: float,
                      o_out: torch.Tensor, final_out: Sequence[torch.Tensor | None],
-                     states_out: torch.Tensor | None = None) -> None:
+                     states_out: torch.Tensor | None = None, snapshots_out: torch.Tensor | None = None) -> None:
     """Run `plan` over packed tokens q, k, g [T, H, dk], v [T, H, dv], beta [T, H]; g <= 0 (log decays).
 
     `initial_states`: tensors [n_i, H, dk, dv] whose rows, in order, are the N sequences' starting states.
     Writes o into `o_out` [T, H, dv]; final states into `final_out` (same split as `initial_states`, None
     where not wanted; kept-state sequences are skipped); per-position states of kept-state sequences into
-    `states_out` [plan.num_kept_states, H, dk, dv], sequences in order.
+    `states_out` [plan.num_kept_states, H, dk, dv], sequences in order; each planned snapshot of sequence n
+    into row n of `snapshots_out` [>n, H, dk, dv].
     """
     initial = StateRows(initial_states)
     finals = StateRows(final_out, [x.shape[0] for x in initial_states])
@@ -165,13 +180,16 @@ def chunk_kda_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if plan.num_kept_states and (states_out is None or states_out.shape[0] != plan.num_kept_states):
         raise ValueError(f"states_out: expected {plan.num_kept_states} rows (one per kept position), got "
                          f"{None if states_out is None else tuple(states_out.shape)}")
+    if plan.snapshots and (snapshots_out is None or snapshots_out.shape[0] <= max(n for *_, n in plan.snapshots)):
+        raise ValueError(f"snapshots_out: expected a row for sequence {max(n for *_, n in plan.snapshots)}, got "
+                         f"{None if snapshots_out is None else tuple(snapshots_out.shape)}")
     ct = torch.float64 if torch.float64 in (q.dtype, *(s.dtype for s in initial_states)) else torch.float32
     if g.numel() and g.max() > 0:
         raise ValueError(f"g: KDA log decays must be <= 0, got a maximum of {float(g.max()):.3g}")
     after_full: torch.Tensor | None = None
     rank = {n: i for i, n in enumerate(plan.full_seqs)}
     if plan.steps:
-        after_full = _run_full_chunks(q, k, v, g, beta, plan, initial, scale, ct, o_out)
+        after_full = _run_full_chunks(q, k, v, g, beta, plan, initial, scale, ct, o_out, snapshots_out)
         done = [n for n in plan.full_seqs if plan.seq_lens[n] % plan.chunk_size == 0]
         for n in done:
             if finals.has(n):
@@ -201,7 +219,7 @@ def _scatter(o_out: torch.Tensor, tokens: torch.Tensor, o: torch.Tensor) -> None
     o_out.index_copy_(0, tokens.flatten(), rows)
 
 
-def _run_full_chunks(q, k, v, g, beta, plan: PackPlan, initial: StateRows, scale, ct, o_out):
+def _run_full_chunks(q, k, v, g, beta, plan: PackPlan, initial: StateRows, scale, ct, o_out, snapshots_out=None):
     tokens = plan.full_tokens
     c = plan.chunk_size
     n_chunks = tokens.shape[0]
@@ -221,7 +239,10 @@ def _run_full_chunks(q, k, v, g, beta, plan: PackPlan, initial: StateRows, scale
     state = torch.stack([initial.read([n])[0] for n in plan.full_seqs]).to(ct)
     o = torch.empty(n_chunks, h, c, v.shape[2], dtype=ct, device=q.device)
     dk, dv = q.shape[2], v.shape[2]
-    for off, count in plan.steps:
+    taken = {}
+    for j, r, n in plan.snapshots:
+        taken.setdefault(j, []).append((r, n))
+    for j, (off, count) in enumerate(plan.steps):
         sl = slice(off, off + count)
         s = state[:count].view(count * h, dk, dv)
         x = torch.bmm(wq[sl].view(count * h, 2 * c, dk), s)                      # [W; q·e^γ] @ S
@@ -229,6 +250,8 @@ def _run_full_chunks(q, k, v, g, beta, plan: PackPlan, initial: StateRows, scale
         torch.baddbmm(x[:, c:], a_qk[sl].view(count * h, c, c), delta, out=o[sl].view(count * h, c, dv))
         s.mul_(decay_end[sl].view(count * h, dk, 1))
         s.baddbmm_(k_end[sl].view(count * h, c, dk).transpose(1, 2), delta)
+        for r, n in taken.get(j, ()):
+            snapshots_out[n].copy_(state[r])
     _scatter(o_out, tokens, o)
     return state
 

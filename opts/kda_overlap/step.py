@@ -3,7 +3,7 @@ GPU streams at once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -13,23 +13,33 @@ from opts.kda_overlap.naive import CHUNK_SIZE, prefill_part, prepare, verify_par
 from opts.kda_overlap.packed import PackPlan, chunk_kda_packed
 
 
-def step_on(batch: MixedStep, *, chunk_size: int = CHUNK_SIZE, out: StepOutput | None = None) -> StepOutput:
+def step_on(batch: MixedStep, *, chunk_size: int = CHUNK_SIZE, out: StepOutput | None = None,
+            checkpoints: Sequence[int] = (), checkpoints_out: torch.Tensor | None = None) -> StepOutput:
     """One packed chunked pass over prefill segments and verification rows together, keeping every
     verification position's state. On a CUDA / ROCm device, the Triton kernel (`triton_packed.py`, its own
-    chunk of 16); elsewhere PyTorch (`packed.py`), where verification rows need K+1 <= chunk_size."""
+    chunk of 16); elsewhere PyTorch (`packed.py`), where verification rows need K+1 <= chunk_size.
+    `checkpoints[n]` > 0: prefill segment n's state after that many of its tokens goes to row n of
+    `checkpoints_out` [num_prefill, H, dk, dv] (a multiple of the pass's chunk: ROCm's checkpoints are of 64)."""
+    if len(checkpoints) > batch.num_prefill or (any(checkpoints) and (
+            checkpoints_out is None or tuple(checkpoints_out.shape) != (batch.num_prefill, batch.num_heads,
+                                                                       batch.dk, batch.dv))):
+        raise ValueError(f"checkpoints: {len(checkpoints)} offsets for {batch.num_prefill} prefill segments need "
+                         f"checkpoints_out of shape {(batch.num_prefill, batch.num_heads, batch.dk, batch.dv)}, "
+                         f"got {None if checkpoints_out is None else tuple(checkpoints_out.shape)}")
     if batch.q.device.type == "cuda":       # HIP devices are torch's "cuda" too
         from opts.kda_overlap.triton_packed import packed_step
 
-        return packed_step(batch, out)
+        return packed_step(batch, out, checkpoints, checkpoints_out)
     out = prepare(batch, out)
     keep = (False,) * batch.num_prefill + (True,) * batch.num_verify
     try:
-        plan = PackPlan.build(batch.seq_lens, chunk_size, keep, device=batch.q.device)
+        plan = PackPlan.build(batch.seq_lens, chunk_size, keep, device=batch.q.device, snapshots=checkpoints)
     except ValueError as err:
         raise ValueError(f"MixedStep.verify_lens: {err} (verification rows are packed as single chunks)") from err
     chunk_kda_packed(batch.q, batch.k, batch.v, batch.g, batch.beta, plan,
                      [batch.prefill_state, batch.verify_state], scale=batch.resolved_scale, o_out=out.o,
-                     final_out=[out.prefill_final_state, None], states_out=out.verify_states)
+                     final_out=[out.prefill_final_state, None], states_out=out.verify_states,
+                     snapshots_out=checkpoints_out)
     return out
 
 

@@ -3,7 +3,9 @@
 One program per (sequence, head), the grid [N, H] over the packed order of `MixedStep.seq_lens`. A prefill
 segment runs the chunked form chunk by chunk (`BT` tokens each, the state carried from one chunk to the next
 in registers); a verification row runs the delta rule position by position and writes the state after every
-position into its slot (`StepOutput.verify_states`), as `packed.py` keeps them. The math is README.md's;
+position into its slot (`StepOutput.verify_states`), as `packed.py` keeps them; a prefill segment with a
+checkpoint offset (a multiple of BT) writes its state after that many tokens too (ROCm's prefill checkpoints).
+The math is README.md's;
 per chunk with cumulative log decays gamma (c: the chunk's last row, padded rows carry no decay):
 
     A[t, i]   = beta_t sum_d k_t k_i e^{gamma_t - gamma_i}      (i < t)
@@ -24,6 +26,8 @@ a CPU under TRITON_INTERPRET=1 (the tests); `packed_step` checks the device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -34,7 +38,7 @@ BT = 16     # tokens per chunk: tl.dot's smallest tile; the pairwise scores hold
 
 
 @triton.jit
-def packed_kda_kernel(q, k, v, g, beta, o, h0, ht, hs, cu_seqlens, keep, state_offsets, scale,
+def packed_kda_kernel(q, k, v, g, beta, o, h0, ht, hs, hc, cu_seqlens, keep, state_offsets, checkpoints, scale,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
     i_n, i_h = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -60,6 +64,7 @@ def packed_kda_kernel(q, k, v, g, beta, o, h0, ht, hs, cu_seqlens, keep, state_o
             tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty))
             tl.store(hs + ((slot + t) * H + i_h) * K * V + tile, s)
     else:
+        checkpoint = tl.load(checkpoints + i_n).to(tl.int64)             # 0: none
         loc = tl.arange(0, BT)
         causal = loc[None, :] <= loc[:, None]                            # [t, i]: i <= t
         strict = loc[None, :] < loc[:, None]
@@ -93,6 +98,8 @@ def packed_kda_kernel(q, k, v, g, beta, o, h0, ht, hs, cu_seqlens, keep, state_o
             last = tl.sum(tl.where((loc == BT - 1)[:, None], gam, 0.), 0)   # gamma_c (padded rows add no decay)
             k_end = b_k * tl.exp(last[None, :] - gam)
             s = s * tl.exp(last)[:, None] + tl.dot(tl.trans(k_end), delta, input_precision="ieee")
+            if (i_c + 1) * BT == checkpoint:
+                tl.store(hc + (i_n * H + i_h).to(tl.int64) * K * V + tile, s)
         tl.store(ht + (i_n * H + i_h).to(tl.int64) * K * V + tile, s)
 
 
@@ -105,10 +112,15 @@ def _power_of_two(n: int) -> bool:
     return n >= 16 and n & (n - 1) == 0
 
 
-def packed_step(batch: MixedStep, out: StepOutput | None = None) -> StepOutput:
-    """`step.step_on`'s function in one Triton launch: o, the prefill segments' final states and every
-    verification position's state. Needs dk and dv powers of two >= 16, and a CUDA / ROCm device (or
-    TRITON_INTERPRET=1 on a CPU)."""
+def packed_step(batch: MixedStep, out: StepOutput | None = None, checkpoints: Sequence[int] = (),
+                checkpoints_out: torch.Tensor | None = None) -> StepOutput:
+    """`step.step_on`'s function in one Triton launch: o, the prefill segments' final states, every
+    verification position's state and the checkpoints (`step.step_on`'s). Needs dk and dv powers of two >= 16,
+    and a CUDA / ROCm device (or TRITON_INTERPRET=1 on a CPU)."""
+    for i, c in enumerate(checkpoints):
+        if c < 0 or c % BT or c > batch.prefill_lens[i]:
+            raise ValueError(f"checkpoints[{i}]: invalid value {c!r}; valid: 0, or a multiple of {BT} (the kernel's "
+                             f"chunk) up to the segment's {batch.prefill_lens[i]} tokens")
     for name, size in (("dk", batch.dk), ("dv", batch.dv)):
         if not _power_of_two(size):
             raise ValueError(f"MixedStep.{name}: the Triton packed kernel needs a power of two >= 16, got {size}")
@@ -124,13 +136,19 @@ def packed_step(batch: MixedStep, out: StepOutput | None = None) -> StepOutput:
     offsets = torch.tensor([0] * batch.num_prefill + batch.verify_bounds[:-1], dtype=torch.int32, device=dev)
     h0 = torch.cat([batch.prefill_state, batch.verify_state]).to(torch.float32).contiguous()
     ht = torch.empty_like(h0)
+    marks = list(checkpoints) + [0] * (n - len(checkpoints))
+    marks_t = torch.tensor(marks, dtype=torch.int32, device=dev)
+    hc = torch.empty_like(h0) if any(marks) else ht
     fp32 = out.verify_states.dtype == torch.float32
     hs = out.verify_states if fp32 else torch.empty_like(out.verify_states, dtype=torch.float32)
     if n:
         tokens = [x.contiguous() for x in (batch.q, batch.k, batch.v, batch.g, batch.beta)]
-        packed_kda_kernel[(n, h)](*tokens, out.o, h0, ht, hs, bounds, keep, offsets, float(batch.resolved_scale),
-                                  H=h, K=batch.dk, V=batch.dv, BT=BT)
+        packed_kda_kernel[(n, h)](*tokens, out.o, h0, ht, hs, hc, bounds, keep, offsets, marks_t,
+                                  float(batch.resolved_scale), H=h, K=batch.dk, V=batch.dv, BT=BT)
     out.prefill_final_state.copy_(ht[:batch.num_prefill])
+    for i, c in enumerate(checkpoints):
+        if c:
+            checkpoints_out[i].copy_(hc[i])
     if not fp32:
         out.verify_states.copy_(hs)
     return out

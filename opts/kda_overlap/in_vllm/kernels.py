@@ -10,15 +10,21 @@ vLLM's K3 KDA kernels (vllm/models/kimi_k3/nvidia/ops/third_party/kda) differ fr
   whose starting slot is <= 0 (the null block; also num_accepted <= 0) reads and writes no state and outputs
   zeros on every token.
 
-`Prefill` and `Verify` turn one call's arguments into the package's tensors. `chunk_kda_with_fused_gate` and
-`fused_recurrent_kda` have vLLM's signatures and run off (`naive.step_off`: verification rows through the
-batched recurrent form, prefill through the packed chunked form); `mixed_on` runs one call of each as the
-single packed pass of `step.step_on`.
+ROCm's prefill kernel, `chunk_kda_prefill` (vllm/models/kimi_k3/amd/ops/kda_prefill.py), takes the paged cache
+itself: sequence n starts from row `state_indices[n]` (zeros where `has_initial_state[n]` is false) and its final
+state goes back there; with `checkpoint_offsets[n] > 0` the state after that many of its tokens also goes to row
+`checkpoint_state_indices[n]` of `checkpoint_state` (row n without indices; none where the index is < 0).
+
+`Prefill` and `Verify` turn one call's arguments into the package's tensors. `chunk_kda_with_fused_gate`,
+`chunk_kda_prefill` and `fused_recurrent_kda` have vLLM's signatures and run off (`naive.step_off`: verification
+rows through the batched recurrent form, prefill through the packed chunked form); `mixed_on` runs one call of
+each as the single packed pass of `step.step_on`.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +34,8 @@ from opts.kda_overlap.batch import MixedStep
 from opts.kda_overlap.naive import CHUNK_SIZE, step_off
 from opts.kda_overlap.step import step_on
 
-__all__ = ["Prefill", "Verify", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "mixed_on", "prefill_off",
-           "verify_off"]
+__all__ = ["Prefill", "Verify", "chunk_kda_prefill", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "mixed_on",
+           "prefill_off", "verify_off"]
 
 
 def _tokens(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -193,12 +199,24 @@ def verify_off(verify: Verify) -> tuple[torch.Tensor, torch.Tensor]:
     return out.o, out.verify_states
 
 
-def mixed_on(prefill: Prefill, verify: Verify, chunk_size: int = CHUNK_SIZE
+def mixed_on(prefill: Prefill, verify: Verify, chunk_size: int = CHUNK_SIZE, checkpoints: Sequence[int] = (),
+             checkpoints_out: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """On: one packed chunked pass over both calls' work. Returns (prefill o [T, H, dv], prefill final states
     [N, H, dk, dv], verification o [T_live, H, dv], verification states [T_live, H, dk, dv]).
-    Verification rows need <= chunk_size tokens."""
-    out = step_on(_step(prefill, verify), chunk_size=chunk_size)
+    Verification rows need <= chunk_size tokens. `checkpoints[n]` > 0: prefill sequence n's state after that
+    many tokens, from the same pass, into row n of `checkpoints_out` [N, H, dk, dv]."""
+    step = _step(prefill, verify)
+    kept = [n for n, length in enumerate(prefill.seq_lens) if length]
+    marks = [checkpoints[n] if n < len(checkpoints) else 0 for n in kept]
+    at = None
+    if any(marks):
+        at = torch.empty(step.num_prefill, *step.prefill_state.shape[1:], dtype=torch.float32, device=step.q.device)
+    out = step_on(step, chunk_size=chunk_size, checkpoints=marks if at is not None else (), checkpoints_out=at)
+    if at is not None:
+        for i, n in enumerate(kept):
+            if marks[i]:
+                checkpoints_out[n].copy_(at[i])
     p = prefill.q.shape[0]
     return out.o[:p], _prefill_finals(prefill, out.prefill_final_state), out.o[p:], out.verify_states
 
@@ -233,3 +251,63 @@ def fused_recurrent_kda(q, k, v, raw_g, raw_beta, A_log, dt_bias, lower_bound, i
     o, states = verify_off(verify)
     verify.finish(o, states, out, initial_state)
     return out, initial_state
+
+
+def gather_states(state_cache: torch.Tensor, state_indices: torch.Tensor, has_initial_state: torch.Tensor
+                  ) -> torch.Tensor:
+    """The starting states [N, H, dv, dk] (vLLM's layout) of a ROCm prefill call: each sequence's cache row, or
+    zeros where it has no initial state."""
+    rows = state_cache[state_indices.long()].float()
+    return torch.where(has_initial_state.view(-1, 1, 1, 1).bool(), rows, torch.zeros_like(rows))
+
+
+def checkpoint_rows(checkpoint_offsets: torch.Tensor | None, checkpoint_state_indices: torch.Tensor | None,
+                    num_seqs: int) -> list[tuple[int, int, int]]:
+    """(sequence, offset, destination row) of every checkpoint a ROCm prefill call writes."""
+    if checkpoint_offsets is None:
+        return []
+    offsets = checkpoint_offsets.tolist()
+    rows = list(range(num_seqs)) if checkpoint_state_indices is None else checkpoint_state_indices.tolist()
+    return [(n, c, r) for n, (c, r) in enumerate(zip(offsets, rows, strict=True)) if c > 0 and r >= 0]
+
+
+def prefix_states(prefill: Prefill, lengths: list[int]) -> torch.Tensor:
+    """The state [N, H, dk, dv] of each sequence after its first `lengths[n]` tokens (0: its initial state)."""
+    bounds = [0, *itertools.accumulate(prefill.seq_lens)]
+    tokens = torch.tensor([t for n, c in enumerate(lengths) for t in range(bounds[n], bounds[n] + c)],
+                          dtype=torch.long, device=prefill.q.device)
+    head = Prefill(*(x.index_select(0, tokens) for x in (prefill.q, prefill.k, prefill.v, prefill.g, prefill.beta)),
+                   tuple(lengths), prefill.initial_state)
+    return prefill_off(head)[1]
+
+
+def chunk_kda_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias=None, scale=None, initial_state=None,
+                      output_final_state=False, lower_bound=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+                      chunk_indices=None, chunk_offsets=None, use_fused_chunk=False, out=None, checkpoint_state=None,
+                      checkpoint_offsets=None, checkpoint_state_indices=None, state_cache=None, state_indices=None,
+                      has_initial_state=None):
+    """Off, as vLLM's ROCm prefill kernel: (out [1, T, H, dv], final states [N, H, dv, dk], or None when they
+    went into `state_cache`); checkpoints written."""
+    if state_cache is not None:
+        initial_state = gather_states(state_cache, state_indices, has_initial_state)
+    prefill = Prefill.from_vllm(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
+                                lower_bound=lower_bound, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                cu_seqlens=cu_seqlens)
+    o, finals = prefill_off(prefill)
+    checkpoints = checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, len(prefill.seq_lens))
+    if checkpoints:
+        lengths = [0] * len(prefill.seq_lens)
+        for n, c, _ in checkpoints:
+            lengths[n] = c
+        write_checkpoints(checkpoint_state, checkpoints, prefix_states(prefill, lengths))
+    if state_cache is None:
+        return finish_prefill(o, finals, v, out, output_final_state)
+    state_cache[state_indices.long()] = finals.transpose(-1, -2).to(state_cache.dtype)
+    return finish_prefill(o, finals, v, out, False)
+
+
+def write_checkpoints(checkpoint_state: torch.Tensor, checkpoints: list[tuple[int, int, int]],
+                      states: torch.Tensor) -> None:
+    """Each checkpoint's state (`states[n]`, [.., dk, dv]) into its row of `checkpoint_state` [rows, H, dv, dk]."""
+    for n, _, row in checkpoints:
+        checkpoint_state[row] = states[n].transpose(-1, -2).to(checkpoint_state.dtype)

@@ -88,8 +88,8 @@ def test_every_off_is_a_setting_on_rocm_and_a_mode_it_does_not_wire_is_refused(t
         assert aiperf[aiperf.index("--num-sessions") + 1] == "1"
         assert aiperf[aiperf.index("--tokenizer") + 1] == CHECKPOINT
     assert (tmp_path / "aiperf_trace.jsonl").is_file() and (tmp_path / "serve_trace.jsonl").is_file()
-    with pytest.raises(ValueError, match=r"kda_overlap=on on rocm: vLLM's ROCm K3 model"):
-        node_config(VllmBackendConfig(), model, hw, {"kda_overlap": {"mode": "on"}})
+    with pytest.raises(ValueError, match=r"moe_dedup=sp on rocm: vLLM's AMD K3 model never passes"):
+        node_config(VllmBackendConfig(), model, hw, {"moe_dedup": {"mode": "sp"}})
 
 
 def test_print_commands_writes_the_script_and_starts_nothing(tmp_path):

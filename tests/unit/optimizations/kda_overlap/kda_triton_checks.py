@@ -9,7 +9,13 @@ import os
 
 import pytest
 import torch
-from test_kda_overlap_step import FIELDS, TOLERANCES, assert_matches, poisoned  # the package's checks, shared
+from test_kda_overlap_step import (  # the package's checks, shared
+    FIELDS,
+    TOLERANCES,
+    assert_matches,
+    poisoned,
+    reference_checkpoints,
+)
 
 from opts.kda_overlap import reference_step, step_off
 from opts.kda_overlap.inputs import StepShape, random_step
@@ -72,3 +78,20 @@ def test_bad_head_sizes_are_named(kernel):
     with pytest.raises(ValueError, match=r"MixedStep\.dk: the Triton packed kernel needs a power of two >= 16, "
                                          r"got 24"):
         kernel.packed_step(batch)
+
+
+def test_the_kernel_writes_each_checkpoint_from_the_same_pass(kernel):
+    """A checkpoint mid-segment (64 of 70 tokens), one at a segment's end, one after the first chunk of 16; the
+    segment without one leaves its row untouched; one a chunk off is another state; one off the grid is named."""
+    batch = random_step(StepShape((70, 64, 37, 5), (4, 3), num_heads=2, dk=16, dv=32), seed=17)
+    checkpoints = (64, 64, 16, 0)
+    at = torch.full((4, 2, 16, 32), float("nan"))
+    got = kernel.packed_step(batch, out=poisoned(batch), checkpoints=checkpoints, checkpoints_out=at)
+    want, kept = reference_checkpoints(batch, checkpoints)
+    torch.testing.assert_close(at[kept], want.float(), rtol=2e-5, atol=2e-5)
+    assert torch.isnan(at[3]).all()
+    assert_matches(got, reference_step(batch.to(F64, state_dtype=F64)), torch.float32)
+    early, _ = reference_checkpoints(batch, (48, 64, 16, 0))
+    assert (early[0].float() - at[0]).abs().max() > 1e-2
+    with pytest.raises(ValueError, match=r"checkpoints\[0\]: invalid value 40; valid: 0, or a multiple of 16"):
+        kernel.packed_step(batch, checkpoints=(40,), checkpoints_out=at)

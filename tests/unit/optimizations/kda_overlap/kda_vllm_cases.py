@@ -69,3 +69,26 @@ def serial_forward(case: MixedCase, ops: Any, spec_out: torch.Tensor | None = No
                                                  use_qk_l2norm_in_kernel=True, out=None)
     case.cache[case.prefill_slots] = final.to(case.cache.dtype)
     return out_v, out_p
+
+
+# ROCm's prefill kernel reads and writes the cache rows itself; sequence 1 starts from zeros; sequence 0 writes
+# a checkpoint after its first 64 tokens into row 13 (rows 14 and 15 are named for sequences without one)
+HAS_INITIAL = [True, False, True]
+CHECKPOINT_OFFSETS = [64, 0, 0]
+CHECKPOINT_ROWS = [13, 14, 15]
+
+
+def serial_forward_rocm(case: MixedCase, ops: Any, spec_out: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """amd/kda.py's order (:496, :620), the kernels looked up in `ops` at call time: the verification output, then
+    the prefill output; `case.cache` is updated in place, the checkpoint included."""
+    n = len(case.prefill_slots)
+    out_v, _ = ops.fused_recurrent_kda(**case.verify, initial_state=case.cache, uniform_sequence_length=None,
+                                       out=spec_out)
+    out_p, final = ops.chunk_kda_prefill(
+        **case.prefill, use_qk_l2norm_in_kernel=True, out=None, checkpoint_state=case.cache,
+        checkpoint_offsets=torch.tensor(CHECKPOINT_OFFSETS[:n], dtype=torch.int32),
+        checkpoint_state_indices=torch.tensor(CHECKPOINT_ROWS[:n], dtype=torch.int32), state_cache=case.cache,
+        state_indices=case.prefill_slots.to(torch.int32), has_initial_state=torch.tensor(HAS_INITIAL[:n]))
+    assert final is None
+    return out_v, out_p

@@ -203,3 +203,42 @@ def test_random_steps_match_the_reference(seed):
     ref = reference_step(batch.to(F64, state_dtype=F64))
     for fn in (step_off, step_on):
         assert_matches(fn(batch, chunk_size=16, out=poisoned(batch)), ref, torch.float32)
+
+
+def reference_checkpoints(batch, checkpoints):
+    """The float64 reference's state of each prefill segment after its first `checkpoints[n]` tokens (0: its
+    starting state): a step of those prefixes alone."""
+    bounds = batch.token_bounds
+    tokens = torch.tensor([t for n, c in enumerate(checkpoints) for t in range(bounds[n], bounds[n] + c)],
+                          dtype=torch.long)
+    kept = [n for n, c in enumerate(checkpoints) if c]
+    head = MixedStep(*(x.index_select(0, tokens) for x in (batch.q, batch.k, batch.v, batch.g, batch.beta)),
+                     tuple(c for c in checkpoints if c), (), batch.prefill_state[kept], batch.verify_state[:0],
+                     batch.scale)
+    return reference_step(head.to(torch.float64, state_dtype=torch.float64)).prefill_final_state, kept
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+def test_on_writes_each_checkpoint_from_the_same_pass(chunk_size):
+    """ROCm's prefill checkpoints: the state after 64 tokens of a 70-token segment (mid-pass, not its final
+    state), after all 64 of another (its final state), none for the rest (their rows untouched)."""
+    batch = random_step(StepShape((70, 9, 64), (4, 0, 3), num_heads=2, dk=16, dv=16), seed=21)
+    checkpoints = (64, 0, 64)
+    at = torch.full((3, 2, 16, 16), float("nan"))
+    out = step_on(batch, chunk_size=chunk_size, out=poisoned(batch), checkpoints=checkpoints, checkpoints_out=at)
+    want, kept = reference_checkpoints(batch, checkpoints)
+    torch.testing.assert_close(at[kept], want.float(), rtol=2e-5, atol=2e-5)
+    assert torch.isnan(at[1]).all()
+    torch.testing.assert_close(at[2], out.prefill_final_state[2])
+    early, _ = reference_checkpoints(batch, (48, 0, 64))       # a checkpoint a chunk early is another state
+    assert (early[0].float() - at[0]).abs().max() > 1e-2
+    assert_matches(out, reference_step(batch.to(torch.float64, state_dtype=torch.float64)), torch.float32)
+
+
+def test_a_checkpoint_off_the_chunk_grid_is_named():
+    batch = random_step(StepShape((70,), (4,), num_heads=1, dk=16, dv=16), seed=2)
+    with pytest.raises(ValueError, match=r"snapshots\[0\]: invalid value 48; valid: 0, or a multiple of chunk_size "
+                                         r"\(32\)"):
+        step_on(batch, chunk_size=32, checkpoints=(48,), checkpoints_out=torch.empty(1, 1, 16, 16))
+    with pytest.raises(ValueError, match=r"checkpoints: 1 offsets for 1 prefill segments need checkpoints_out"):
+        step_on(batch, checkpoints=(64,))
