@@ -98,3 +98,33 @@ def test_no_flag_where_the_work_removing_toggle_never_lowers_a_cell(tmp_path):
     out = attribute.attribute(attribute.collect(attribute.find_cells(tmp_path)))
     assert out["artefacts"] == [] and out["flagged"] == {}
     assert out["shapley"]["fusion"] > 0
+
+
+def test_a_drop_inside_the_same_bracket_names_the_points_that_fell_and_their_hit_rates(tmp_path):
+    """The main job's case: adding fusion keeps the bracket (c=24 / c=28) but the points themselves fall, with
+    the prefix hit rate (a cache near its capacity evicting in another order)."""
+    write_sweep(tmp_path)
+    with_dir = tmp_path / "kda_overlap+fusion.r0" / "result.json"
+    without = json.loads((tmp_path / "kda_overlap.r0" / "result.json").read_text())
+    result = json.loads(with_dir.read_text())
+    pts = [dict(p) for p in without["points"]]
+    for p in pts[1:]:
+        p["throughput_per_gpu"] -= 400.0
+    result["points"] = pts
+    result["metrics"]["tput_per_gpu_at_slo"] = headline(pts)
+    result["cell"]["point_details"] = [{"concurrency": p["concurrency"], "metrics": {"prefix_hit_rate": r}}
+                                       for p, r in zip(pts, (0.97, 0.944, 0.88), strict=True)]
+    without["cell"]["point_details"] = [{"concurrency": p["concurrency"], "metrics": {"prefix_hit_rate": r}}
+                                        for p, r in zip(pts, (0.97, 0.963, 0.89), strict=True)]
+    write_result(with_dir, result)
+    write_result(tmp_path / "kda_overlap.r0" / "result.json", without)
+    assert attribute.main([str(tmp_path)]) == 0
+    drops = json.loads((tmp_path / "attribution.json").read_text())["artefacts"]
+    (drop,) = [d for d in drops if d["with"] == "kda_overlap+fusion"]
+    assert drop["crossed"] == [] and [p["concurrency"] for p in drop["bracket_with"]] == [24, 28]
+    assert drop["fell"] == [
+        {"concurrency": 24, "throughput_without": 5000.0, "throughput_with": 4600.0, "hit_rate_without": 0.963,
+         "hit_rate_with": 0.944},
+        {"concurrency": 28, "throughput_without": 5500.0, "throughput_with": 5100.0, "hit_rate_without": 0.89,
+         "hit_rate_with": 0.88}]
+    assert "the same bracket, its points fell: c=24 5000 -> 4600 tok/s/GPU (hit rate 0.963 -> 0.944)" in drop["line"]
