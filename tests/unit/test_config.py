@@ -57,7 +57,7 @@ def gpu_node(name: str) -> dict:
 
 
 # The assumed figures outside the hardware that conf/experiment/draws.yaml ranges
-DRAWN_RANGES = {"ablation.ranges.backend.non_kv_gb": [2.0, 8.0],
+DRAWN_RANGES = {"ablation.ranges.backend.non_kv_gb": [2.0, 8.0], "ablation.ranges.backend.routing_skew": [0.0, 0.6],
                 **{f"ablation.ranges.opts.draft_length.alphas.{i}": [0.7, 0.9] for i in range(8)}}
 
 

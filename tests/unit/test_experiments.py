@@ -344,3 +344,13 @@ def point_values() -> dict[str, float]:
 
 def compose_app_hw():
     return to_app(composed(["experiment=main"], hydra=False)).hardware
+
+
+def test_the_routing_skew_is_the_cells_and_a_draw_sets_it():
+    assert _cell_hash({"backend.routing_skew": 0.3}) != _cell_hash({})
+    point, first = _draw_config(-1), _draw_config(0)
+    assert point["backend"]["routing_skew"] == 0.0
+    assert 0.0 <= first["backend"]["routing_skew"] == first["ablation"]["drawn"]["backend.routing_skew"] <= 0.6
+    with pytest.raises(ValueError, match=r"backend.routing_skew: invalid value 0.7; valid: a Zipf exponent in "
+                                         r"\[0, 0.6\]"):
+        to_app(composed(["experiment=main", "backend.routing_skew=0.7"], hydra=False))

@@ -40,6 +40,11 @@ MODEL_DEFAULTS = {
                     "cuda": {"cudagraph_mode": "full_and_piecewise"}, "cpu": {"cudagraph_mode": "none"}},
 }
 
+# The largest routing skew the simulator takes: K3's most popular expert then gets 16 · 0.028 = 0.45 of a token's
+# picks, below 1, so each token still picks its 16 distinct experts in expectation (`cost.expected_experts`).
+MAX_ROUTING_SKEW = 0.6
+
+
 @dataclass
 class SimBackendConfig:
     """The simulated node runs `model` (the `model` group's name: kimi_k3) at tensor parallelism `tp` (0: every
@@ -54,7 +59,9 @@ class SimBackendConfig:
     shared-expert layers (`weights`) and of the routed experts (`experts`: `WEIGHT_FORMATS`) and the cache's
     `kv_dtype` (`auto`: what vLLM serves K3 with on the node's platform, `PLATFORM_DEFAULTS`, else the model's
     own); vLLM's `cudagraph_mode` (auto: the platform's default) and `max_cudagraph_capture_size` (0: vLLM's
-    default); `seed` draws the accepted drafts; `workers`
+    default); `routing_skew` (assumed, 0: uniform) the routed experts' popularity, a Zipf exponent s with expert
+    e's share of the routing ∝ e^-s (`cost.expected_experts`; at most 0.6, where the most popular expert's per-token
+    probability stays below 1/2 for K3); `seed` draws the accepted drafts; `workers`
     processes run the sweep's points (0: one per core; 1: this process); `bracket_from` (0: every concurrency) runs
     only the points that bracket the target, searching from that concurrency of the list: up while interactivity
     is above the target, down while below (interactivity falls with concurrency; all an attribution of the
@@ -77,6 +84,7 @@ class SimBackendConfig:
     cache_gb: float = 0.0
     gpu_memory_utilization: float = 0.92
     non_kv_gb: float = 4.0
+    routing_skew: float = 0.0
     seed: int = 0
     workers: int = 0
     bracket_from: int = 0
@@ -110,6 +118,8 @@ class SimBackendConfig:
             raise bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if isinstance(self.non_kv_gb, bool) or not self.non_kv_gb >= 0:
             raise bad("non_kv_gb", "GB >= 0")
+        if isinstance(self.routing_skew, bool) or not 0 <= self.routing_skew <= MAX_ROUTING_SKEW:
+            raise bad("routing_skew", f"a Zipf exponent in [0, {MAX_ROUTING_SKEW}] (0: uniform routing)")
         for name in ("target_interactivity", "cache_gb"):
             value = getattr(self, name)
             low_ok = value > 0 if name == "target_interactivity" else value >= 0

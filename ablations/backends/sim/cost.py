@@ -10,8 +10,11 @@ costs and overheads are the hardware profile's, never this module's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ablations.backends.sim.config import MOE_SPLITS, MXFP4_BYTES
 from ablations.hardware import PRECISIONS
@@ -38,6 +41,7 @@ class SimModel:
     expert_bytes: float = MXFP4_BYTES   # MXFP4 routed experts
     kv_bytes: float = 2.0               # bf16 latent cache; 1.0 for fp8
     state_bytes: float = 4.0            # fp32 KDA recurrent state
+    routing_skew: float = 0.0           # assumed: uniform routing (backend.routing_skew)
     conv_bytes: float = 2.0             # the short conv's state, in the model dtype
     act_bytes: float = 2.0              # bf16 activations
     gemm_precision: str = "bf16"
@@ -325,9 +329,24 @@ def expert_params(s: K3Spec) -> int:
     return 3 * s.expert_input * s.moe_intermediate
 
 
-def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
-    """Experts a step touches when each of `tokens` tokens routes to `top_k` of `num_experts` uniformly."""
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+def expected_experts(num_experts: int, top_k: int, tokens: int, skew: float = 0.0) -> float:
+    """Experts a step touches when each of `tokens` tokens routes to `top_k` of `num_experts`, independently:
+    uniformly (`skew` 0), or expert e (e = 1..E) with probability top_k · p_e per token, p_e ∝ e^-skew (a Zipf
+    popularity): sum over e of 1 - (1 - top_k p_e)^tokens."""
+    if not skew:
+        return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+    return float(np.sum(1.0 - (1.0 - _pick_rates(num_experts, top_k, skew)) ** tokens))
+
+
+@functools.cache
+def _pick_rates(num_experts: int, top_k: int, skew: float) -> np.ndarray:
+    """Each expert's probability of being among a token's `top_k`, top_k · p_e, p_e ∝ e^-skew."""
+    share = np.arange(1, num_experts + 1, dtype=float) ** -skew
+    rates = top_k * share / share.sum()
+    if rates[0] >= 1.0:
+        raise ValueError(f"backend.routing_skew: {skew!r} gives the most popular of {num_experts} experts a "
+                         f"per-token rate of {rates[0]:.2f} >= 1 at top-{top_k}; valid: a smaller skew")
+    return rates
 
 
 def moe_layer(m: SimModel, p: Parallel, seqs: list[Seq], mech: Mechanisms = STOCK) -> dict[str, Cost]:
@@ -368,10 +387,10 @@ def routed_experts(m: SimModel, p: Parallel, tokens: int) -> Cost:
     pairs = tokens * s.experts_per_token
     if p.moe == "ep":
         local = _split(s.num_experts, t, "num_experts")
-        touched = expected_experts(s.num_experts, s.experts_per_token, tokens) * local / s.num_experts
+        touched = expected_experts(s.num_experts, s.experts_per_token, tokens, m.routing_skew) * local / s.num_experts
         weights = touched * per_expert * m.expert_bytes
     else:
-        touched = expected_experts(s.num_experts, s.experts_per_token, tokens)
+        touched = expected_experts(s.num_experts, s.experts_per_token, tokens, m.routing_skew)
         weights = touched * per_expert / t * m.expert_bytes
     return Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=weights,
                 act_bytes=pairs / t * 2 * s.expert_input * m.act_bytes, kernels=2)
@@ -404,8 +423,8 @@ def _moe_layer_sp(m: SimModel, t: int, tokens: int) -> dict[str, Cost]:
     latent = Cost.total((gemm(own, s.hidden, s.expert_latent, m.weight_bytes, m.act_bytes),
                          gemm(own, s.expert_latent, s.hidden, m.weight_bytes, m.act_bytes)))
     per_expert, pairs = expert_params(s), tokens * s.experts_per_token
-    touched = expected_experts(s.num_experts, s.experts_per_token, tokens) * _split(s.num_experts, t,
-                                                                                    "num_experts") / s.num_experts
+    touched = (expected_experts(s.num_experts, s.experts_per_token, tokens, m.routing_skew)
+               * _split(s.num_experts, t, "num_experts") / s.num_experts)
     experts = Cost(flops=2.0 * pairs * per_expert / t, weight_bytes=touched * per_expert * m.expert_bytes,
                    act_bytes=pairs / t * 2 * s.expert_latent * m.act_bytes, kernels=2,
                    gather_bytes=2 * tokens * s.expert_latent * m.act_bytes, gathers=2)   # all-gather + reduce-scatter

@@ -13,8 +13,8 @@ from ablations.hardware import HardwareConfig
 
 def served_model(backend: SimBackendConfig, model: SimModel, platform: str) -> SimModel:
     """`model` in the weight formats and cache dtype the backend serves it with on `platform` (`auto` where the
-    platform has no default: the model's own)."""
-    out = model
+    platform has no default: the model's own), routed as `backend.routing_skew` says."""
+    out = replace(model, routing_skew=backend.routing_skew) if backend.routing_skew else model
     name = model.spec.name
     kv = setting(backend, "kv_dtype", platform, name)
     if kv != "auto":

@@ -78,7 +78,7 @@ def features(m: SimModel, seqs: Sequence[Seq]) -> np.ndarray:
         tokens += q
     if tokens:
         x[0] = 1.0
-        x[1] = expected_experts(m.spec.num_experts, m.spec.experts_per_token, tokens)
+        x[1] = expected_experts(m.spec.num_experts, m.spec.experts_per_token, tokens, m.routing_skew)
     return np.array(x)
 
 
@@ -351,7 +351,8 @@ class StepModel:
         return rows
 
     def _experts(self, tokens: int) -> float:
-        return expected_experts(self.model.spec.num_experts, self.model.spec.experts_per_token, tokens)
+        return expected_experts(self.model.spec.num_experts, self.model.spec.experts_per_token, tokens,
+                                self.model.routing_skew)
 
     def times(self, rows: np.ndarray) -> np.ndarray:
         """Seconds of the steps whose feature rows (`batch_features`, or `features` of the step and of its later

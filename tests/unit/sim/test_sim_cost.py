@@ -13,6 +13,7 @@ from ablations.backends.sim.cost import (
     Parallel,
     Seq,
     SimModel,
+    expected_experts,
     kernel_time,
     moe_layer,
     mtp_costs,
@@ -205,3 +206,25 @@ def test_moe_dedup_sp_is_the_packages_sequence_parallel_layer_at_tp8():
     assert sum(c.gathers for c in sp.values()) == 3 and sum(c.collectives for c in sp.values()) == 0   # 2 + 1 scatter
     off = moe_layer(m, Parallel(tp=8), [Seq(tokens, 0, "prefill")])
     assert sp["moe_shared"].weight_bytes == 8 * off["moe_shared"].weight_bytes   # every rank holds the whole shared MLP
+
+
+def test_routing_skew_touches_fewer_experts_and_zero_is_the_uniform_formula():
+    # K3: 896 experts, top-16; a 24-token decode step (6 requests verifying 3 drafts)
+    uniform = expected_experts(896, 16, 24)
+    assert uniform == 896 * (1.0 - (1.0 - 16 / 896) ** 24)
+    assert expected_experts(896, 16, 24, 0.0) == uniform
+    assert expected_experts(896, 16, 1, 0.6) == pytest.approx(16.0, rel=1e-12)     # one token: its 16 picks
+    skewed = [expected_experts(896, 16, 24, s) for s in (0.2, 0.4, 0.6)]
+    assert uniform > skewed[0] > skewed[1] > skewed[2] == pytest.approx(0.86 * uniform, abs=0.01 * uniform)
+    assert expected_experts(896, 16, 100_000, 0.6) == pytest.approx(896, rel=1e-3)  # a long prefill reads them all
+    with pytest.raises(ValueError, match=r"backend.routing_skew: 0.9 gives the most popular of 896 experts a "
+                                         r"per-token rate of 1\.\d\d >= 1 at top-16"):
+        expected_experts(896, 16, 24, 0.9)
+
+
+def test_routing_skew_lowers_a_decode_steps_expert_reads():
+    skewed = SimModel(routing_skew=0.6)
+    step = [Seq(4, C, "verify") for _ in range(6)]
+    plain, fewer = step_costs(SimModel(), Parallel(), step), step_costs(skewed, Parallel(), step)
+    assert fewer["moe_experts"].weight_bytes < 0.9 * plain["moe_experts"].weight_bytes
+    assert fewer["moe_experts"].flops == plain["moe_experts"].flops        # the same token-expert pairs
