@@ -4,6 +4,8 @@ them, or a deeper resume point (vLLM's `find_longest_cache_hit` for a hybrid mod
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from opts.k3.cache.blocks import ATTN, RESUME_BLOCK, RESUME_STATE, STATE
 from opts.k3.cache.resume import Tails
 from opts.k3.cache.stream import CacheRequest, prefix_key
@@ -57,19 +59,22 @@ class Lookup(Tails):
         prompt = request.num_prompt_tokens
         limit = (prompt if self.speculative else prompt - 1) // self.block_size
         found: list[list[int]] = []
-        if self._num_groups[ATTN] == 1:     # the common case, inlined: this runs for every block of every prompt
-            get = self.cached.get
+        if self._num_groups[ATTN] == 1:     # the common case, in C loops: this runs for every block of every prompt
+            hits = list(map(self.cached.get, zip(repeat(ATTN), repeat(0), keys[:limit])))
+            if None in hits:                 # a cached name's list is never empty: None is the first miss
+                del hits[hits.index(None):]
+            firsts = [bids[0] for bids in hits]
             ahead = self.ahead
-            for j in range(limit):
-                bids = get((ATTN, 0, keys[j]))
-                if not bids:
-                    break
-                bid = bids[0]
-                if ahead and bid in ahead:
-                    bid = self._ready(bids)
-                    if bid is None:
-                        break
-                found.append([bid])
+            if ahead and not ahead.keys().isdisjoint(firsts):
+                for bids in hits:
+                    bid = bids[0]
+                    if bid in ahead:
+                        bid = self._ready(bids)
+                        if bid is None:
+                            break
+                    found.append([bid])
+            else:
+                found = [[bid] for bid in firsts]
         while len(found) < limit:
             blocks = self._lookup(ATTN, keys[len(found)])
             if blocks is None:
@@ -88,7 +93,9 @@ class Lookup(Tails):
                     hit = (j + 1) * self.block_size
                     break
         else:
-            for j in range(leading - 1, -1, -1):
+            # most blocks hold no state: the first group's miss settles it without the full lookup
+            first = list(map(self.cached.get, zip(repeat(STATE), repeat(0), keys[:leading])))
+            for j in [j for j in range(leading - 1, -1, -1) if first[j] is not None]:
                 if self._lookup(STATE, keys[j]) is not None:
                     hit = (j + 1) * self.block_size
                     break
