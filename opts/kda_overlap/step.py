@@ -35,6 +35,8 @@ def step_on(batch: MixedStep, *, chunk_size: int = CHUNK_SIZE, out: StepOutput |
     try:
         plan = PackPlan.build(batch.seq_lens, chunk_size, keep, device=batch.q.device, snapshots=checkpoints)
     except ValueError as err:
+        if str(err).startswith("snapshots"):
+            raise
         raise ValueError(f"MixedStep.verify_lens: {err} (verification rows are packed as single chunks)") from err
     chunk_kda_packed(batch.q, batch.k, batch.v, batch.g, batch.beta, plan,
                      [batch.prefill_state, batch.verify_state], scale=batch.resolved_scale, o_out=out.o,

@@ -338,7 +338,7 @@ def point_values() -> dict[str, float]:
     for key in cfg.ablation.ranges:
         parent, _, last = key.rpartition(".")
         out[key] = alphas[int(last)] if parent == "opts.draft_length.alphas" else OmegaConf.select(cfg, key)
-    assert len(out) == 9
+    assert len(out) == 10
     return out
 
 

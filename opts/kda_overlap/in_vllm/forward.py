@@ -24,7 +24,7 @@ ROCm runs `vllm/models/kimi_k3/amd/kda.py` (`_forward` :352-706): the verificati
 prefill kernel `chunk_kda_prefill` (:620), which reads and writes the paged state cache itself (`state_cache`,
 `state_indices`, `has_initial_state`) and writes the prefix cache's mid-prefill state checkpoints. Between the
 two only the prefill rows' convolutions and the checkpoint's conv half run (the decode peel of :566 is skipped
-in a step with speculative rows); the verification output is read at the merge (:686). `defer_verify_rocm` and
+in a step with speculative rows); the verification output is read at the merge (:696). `defer_verify_rocm` and
 `streamed_prefill_rocm` are the same wrappers in that file's signatures; every step runs the prefill kernel
 (either backend, fused or Triton), so a mixed step is marked by its metadata alone.
 """
@@ -41,6 +41,7 @@ import torch
 from opts.kda_overlap.in_vllm.kernels import (
     Prefill,
     Verify,
+    check_cache_arguments,
     checkpoint_rows,
     finish_prefill,
     gather_states,
@@ -249,13 +250,14 @@ def packed_step_rocm(call: MixedCall, *, q, k, v, raw_g, raw_beta, A_log, g_bias
     chunk-index metadata and the backend choice are the stock kernel's and unused here."""
     if call.verify is None or call.out is None:
         raise ValueError("packed_step_rocm: the mixed step holds no deferred verification call")
+    check_cache_arguments(initial_state, output_final_state, state_cache, state_indices, has_initial_state)
     if state_cache is not None:
         initial_state = gather_states(state_cache, state_indices, has_initial_state)
     prefill = Prefill.from_vllm(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
                                 lower_bound=lower_bound, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                 cu_seqlens=cu_seqlens)
     verify = Verify.from_vllm(**call.verify)
-    checkpoints = checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, len(prefill.seq_lens))
+    checkpoints = checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, prefill.seq_lens)
     offsets = [0] * len(prefill.seq_lens)
     for n, c, _ in checkpoints:
         offsets[n] = c
@@ -303,7 +305,8 @@ def streamed_step(call: MixedCall, prefill_kernel: Callable[..., Any], args: dic
     the prefill (`prefill_kernel(**args)`) on the current one, joined before return. Fills the verification
     output `call.out` (and its state slots, as the kernel does); returns what the prefill kernel returns.
     Every tensor the side stream reads or writes is held by `call` or the caller until the join, so the caching
-    allocator reuses none of them early."""
+    allocator reuses none of them early. The verification's state slots are not the prefill's rows nor its
+    checkpoints' (vLLM's allocator gives each request its own), so the two streams write apart."""
     if call.verify is None or call.out is None or call.verify_kernel is None:
         raise ValueError("streamed_step: the mixed step holds no deferred verification call")
 

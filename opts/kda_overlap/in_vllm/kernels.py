@@ -34,6 +34,11 @@ from opts.kda_overlap.batch import MixedStep
 from opts.kda_overlap.naive import CHUNK_SIZE, step_off
 from opts.kda_overlap.step import step_on
 
+# vLLM's null block (`v1/attention/backends/utils.py:52`) and the ROCm prefill kernel's checkpoint grid
+# (`amd/ops/kda_chunk.py:23`, its chunk of 64 tokens)
+NULL_BLOCK_ID = 0
+CHECKPOINT_ALIGNMENT = 64
+
 __all__ = ["Prefill", "Verify", "chunk_kda_prefill", "chunk_kda_with_fused_gate", "fused_recurrent_kda", "mixed_on",
            "prefill_off", "verify_off"]
 
@@ -262,13 +267,29 @@ def gather_states(state_cache: torch.Tensor, state_indices: torch.Tensor, has_in
 
 
 def checkpoint_rows(checkpoint_offsets: torch.Tensor | None, checkpoint_state_indices: torch.Tensor | None,
-                    num_seqs: int) -> list[tuple[int, int, int]]:
-    """(sequence, offset, destination row) of every checkpoint a ROCm prefill call writes."""
+                    seq_lens: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(sequence, offset, destination row) of every checkpoint a ROCm prefill call writes: as its kernel, none
+    where the offset is 0, off the 64-token grid or past the sequence, nor where the row is the null block (0) or
+    negative (`amd/ops/kda_chunk.py:32-38`)."""
     if checkpoint_offsets is None:
         return []
     offsets = checkpoint_offsets.tolist()
-    rows = list(range(num_seqs)) if checkpoint_state_indices is None else checkpoint_state_indices.tolist()
-    return [(n, c, r) for n, (c, r) in enumerate(zip(offsets, rows, strict=True)) if c > 0 and r >= 0]
+    if checkpoint_state_indices is None:
+        rows = list(range(len(seq_lens)))
+    else:
+        rows = [r if r != NULL_BLOCK_ID else -1 for r in checkpoint_state_indices.tolist()]
+    return [(n, c, r) for n, (c, r) in enumerate(zip(offsets, rows, strict=True))
+            if 0 < c <= seq_lens[n] and c % CHECKPOINT_ALIGNMENT == 0 and r >= 0]
+
+
+def check_cache_arguments(initial_state, output_final_state, state_cache, state_indices, has_initial_state) -> None:
+    """The ROCm prefill kernel's own checks of its paged-cache arguments (`amd/ops/kda_prefill.py:113-117`)."""
+    if state_cache is None:
+        return
+    if initial_state is not None or output_final_state:
+        raise ValueError("state_cache replaces initial_state/output_final_state")
+    if state_indices is None or has_initial_state is None:
+        raise ValueError("state_cache needs state_indices and has_initial_state")
 
 
 def prefix_states(prefill: Prefill, lengths: list[int]) -> torch.Tensor:
@@ -288,13 +309,14 @@ def chunk_kda_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias=None, scale=None, 
                       has_initial_state=None):
     """Off, as vLLM's ROCm prefill kernel: (out [1, T, H, dv], final states [N, H, dv, dk], or None when they
     went into `state_cache`); checkpoints written."""
+    check_cache_arguments(initial_state, output_final_state, state_cache, state_indices, has_initial_state)
     if state_cache is not None:
         initial_state = gather_states(state_cache, state_indices, has_initial_state)
     prefill = Prefill.from_vllm(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
                                 lower_bound=lower_bound, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                 cu_seqlens=cu_seqlens)
     o, finals = prefill_off(prefill)
-    checkpoints = checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, len(prefill.seq_lens))
+    checkpoints = checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, prefill.seq_lens)
     if checkpoints:
         lengths = [0] * len(prefill.seq_lens)
         for n, c, _ in checkpoints:

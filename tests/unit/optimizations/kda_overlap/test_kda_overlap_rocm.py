@@ -121,6 +121,8 @@ def on_stream(kernel, seen, name):
 
 
 def test_streams_on_rocm_run_the_verification_on_a_side_stream_and_equal_off_exactly(vllm, monkeypatch):
+    # the plumbing (which kernel on which stream, the same kernels as off): the CPU's streams run in order, so a
+    # race between them can only show on a GPU (node-check)
     calls, seen = [], []
     real = overlap.streamed_step
     monkeypatch.setattr(overlap, "streamed_step", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -186,3 +188,20 @@ def test_on_on_rocm_patches_amd_kda_and_counts_the_packed_pass():
                                            setting.ROCM_PREFILL_TARGET, setting.PACKED_ROCM_TARGET]
     assert [p.counter for p in patches] == [None, None, None, setting.PACKED_COUNTER]
     assert patches[3].wrap(overlap.packed_step_rocm) is overlap.packed_step_rocm
+
+
+def test_a_checkpoint_the_rocm_kernel_skips_is_skipped_and_its_cache_arguments_are_checked():
+    # as amd/ops/kda_chunk.py:32-38: the null block (row 0) and a negative row write nothing; an offset off the
+    # 64-token grid or past its sequence neither
+    offsets = torch.tensor([64, 64, 64, 40, 128], dtype=torch.int32)
+    rows = torch.tensor([5, 0, -1, 7, 8], dtype=torch.int32)
+    assert vllm_kernels.checkpoint_rows(offsets, rows, (70, 70, 70, 70, 70)) == [(0, 64, 5)]
+    assert vllm_kernels.checkpoint_rows(offsets[:1], None, (64,)) == [(0, 64, 0)]      # staging: row = sequence
+    case = mixed_case(seed=4)
+    with pytest.raises(ValueError, match="state_cache replaces initial_state/output_final_state"):
+        OFF.chunk_kda_prefill(**case.prefill, state_cache=case.cache, state_indices=case.prefill_slots,
+                              has_initial_state=torch.tensor(HAS_INITIAL), output_final_state=True)
+    call = overlap.MixedCall(64, verify={})
+    call.out = torch.empty(0)
+    with pytest.raises(ValueError, match="state_cache needs state_indices and has_initial_state"):
+        overlap.packed_step_rocm(call, **case.prefill, state_cache=case.cache)

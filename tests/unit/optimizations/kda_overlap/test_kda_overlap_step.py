@@ -222,23 +222,24 @@ def reference_checkpoints(batch, checkpoints):
 def test_on_writes_each_checkpoint_from_the_same_pass(chunk_size):
     """ROCm's prefill checkpoints: the state after 64 tokens of a 70-token segment (mid-pass, not its final
     state), after all 64 of another (its final state), none for the rest (their rows untouched)."""
-    batch = random_step(StepShape((70, 9, 64), (4, 0, 3), num_heads=2, dk=16, dv=16), seed=21)
-    checkpoints = (64, 0, 64)
-    at = torch.full((3, 2, 16, 16), float("nan"))
+    # the short segment first: the segments' ranks in the pass (by length) are not their order; dk != dv
+    batch = random_step(StepShape((9, 70, 64), (4, 0, 3), num_heads=2, dk=16, dv=32), seed=21)
+    checkpoints = (0, 64, 64)
+    at = torch.full((3, 2, 16, 32), float("nan"))
     out = step_on(batch, chunk_size=chunk_size, out=poisoned(batch), checkpoints=checkpoints, checkpoints_out=at)
     want, kept = reference_checkpoints(batch, checkpoints)
     torch.testing.assert_close(at[kept], want.float(), rtol=2e-5, atol=2e-5)
-    assert torch.isnan(at[1]).all()
+    assert torch.isnan(at[0]).all()
     torch.testing.assert_close(at[2], out.prefill_final_state[2])
-    early, _ = reference_checkpoints(batch, (48, 0, 64))       # a checkpoint a chunk early is another state
-    assert (early[0].float() - at[0]).abs().max() > 1e-2
+    early, _ = reference_checkpoints(batch, (0, 48, 64))       # a checkpoint a chunk early is another state
+    assert (early[0].float() - at[1]).abs().max() > 1e-2
     assert_matches(out, reference_step(batch.to(torch.float64, state_dtype=torch.float64)), torch.float32)
 
 
 def test_a_checkpoint_off_the_chunk_grid_is_named():
     batch = random_step(StepShape((70,), (4,), num_heads=1, dk=16, dv=16), seed=2)
-    with pytest.raises(ValueError, match=r"snapshots\[0\]: invalid value 48; valid: 0, or a multiple of chunk_size "
-                                         r"\(32\)"):
+    with pytest.raises(ValueError, match=r"^snapshots\[0\]: invalid value 48; valid: 0, or a multiple of chunk_size "
+                                          r"\(32\)"):
         step_on(batch, chunk_size=32, checkpoints=(48,), checkpoints_out=torch.empty(1, 1, 16, 16))
     with pytest.raises(ValueError, match=r"checkpoints: 1 offsets for 1 prefill segments need checkpoints_out"):
         step_on(batch, checkpoints=(64,))
