@@ -41,11 +41,12 @@ import torch
 from opts.kda_overlap.in_vllm.kernels import (
     Prefill,
     Verify,
-    check_cache_arguments,
+    checkpoint_lengths,
     checkpoint_rows,
     finish_prefill,
-    gather_states,
+    finish_rocm_prefill,
     mixed_on,
+    rocm_prefill,
     write_checkpoints,
 )
 from opts.kda_overlap.step import beside
@@ -210,9 +211,9 @@ def streamed_prefill(base: Callable[..., Any]) -> Callable[..., Any]:
     return chunk_kda_with_fused_gate
 
 
-def packed_prefill_rocm(base: Callable[..., Any]) -> Callable[..., Any]:
-    """`packed_prefill` for amd/kda.py's `chunk_kda_prefill`: after a deferred verification call, run
-    `packed_step_rocm` instead."""
+def _rocm_prefill(base: Callable[..., Any], run: Callable[[MixedCall, dict[str, Any]], Any]) -> Callable[..., Any]:
+    """Wrap amd/kda.py's `chunk_kda_prefill` (its signature): after a deferred verification call, `run(call,
+    arguments)` instead; any other call runs `base`."""
 
     def chunk_kda_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias=None, scale=None, initial_state=None,
                           output_final_state=False, lower_bound=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
@@ -229,13 +230,19 @@ def packed_prefill_rocm(base: Callable[..., Any]) -> Callable[..., Any]:
         call = current_call()
         if call is None or call.verify is None or call.done:
             return base(**args)
-        # looked up in this module at call time: the toggle's patch replaces it with a counted version
-        result = packed_step_rocm(call, **args)
+        result = run(call, args)
         call.done = True
         return result
 
     chunk_kda_prefill.__wrapped__ = base  # type: ignore[attr-defined]
     return chunk_kda_prefill
+
+
+def packed_prefill_rocm(base: Callable[..., Any]) -> Callable[..., Any]:
+    """`packed_prefill` for amd/kda.py's `chunk_kda_prefill`: after a deferred verification call, run
+    `packed_step_rocm` instead (looked up in this module at call time: the toggle's patch replaces it with a
+    counted version)."""
+    return _rocm_prefill(base, lambda call, args: packed_step_rocm(call, **args))
 
 
 def packed_step_rocm(call: MixedCall, *, q, k, v, raw_g, raw_beta, A_log, g_bias=None, scale=None,
@@ -250,54 +257,25 @@ def packed_step_rocm(call: MixedCall, *, q, k, v, raw_g, raw_beta, A_log, g_bias
     chunk-index metadata and the backend choice are the stock kernel's and unused here."""
     if call.verify is None or call.out is None:
         raise ValueError("packed_step_rocm: the mixed step holds no deferred verification call")
-    check_cache_arguments(initial_state, output_final_state, state_cache, state_indices, has_initial_state)
-    if state_cache is not None:
-        initial_state = gather_states(state_cache, state_indices, has_initial_state)
-    prefill = Prefill.from_vllm(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
-                                lower_bound=lower_bound, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                cu_seqlens=cu_seqlens)
+    prefill = rocm_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state, lower_bound=lower_bound,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                           state_cache=state_cache, state_indices=state_indices, has_initial_state=has_initial_state)
     verify = Verify.from_vllm(**call.verify)
     checkpoints = checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, prefill.seq_lens)
-    offsets = [0] * len(prefill.seq_lens)
-    for n, c, _ in checkpoints:
-        offsets[n] = c
     at = torch.empty_like(prefill.initial_state) if checkpoints else None
-    o_prefill, finals, o_verify, states = mixed_on(prefill, verify, call.chunk_size, offsets if checkpoints else (),
-                                                   at)
+    offsets = checkpoint_lengths(checkpoints, len(prefill.seq_lens)) if checkpoints else ()
+    o_prefill, finals, o_verify, states = mixed_on(prefill, verify, call.chunk_size, offsets, at)
     verify.finish(o_verify, states, call.out, call.verify["initial_state"])
     if checkpoints:
         write_checkpoints(checkpoint_state, checkpoints, at)
-    if state_cache is None:
-        return finish_prefill(o_prefill, finals, v, out, output_final_state)
-    state_cache[state_indices.long()] = finals.transpose(-1, -2).to(state_cache.dtype)
-    return finish_prefill(o_prefill, finals, v, out, False)
+    return finish_rocm_prefill(o_prefill, finals, v, out, output_final_state, state_cache, state_indices)
 
 
 def streamed_prefill_rocm(base: Callable[..., Any]) -> Callable[..., Any]:
     """`streamed_prefill` for amd/kda.py's `chunk_kda_prefill` (the paged state cache and the checkpoints are
     its own arguments, handed through)."""
-
-    def chunk_kda_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias=None, scale=None, initial_state=None,
-                          output_final_state=False, lower_bound=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
-                          chunk_indices=None, chunk_offsets=None, use_fused_chunk=False, out=None,
-                          checkpoint_state=None, checkpoint_offsets=None, checkpoint_state_indices=None,
-                          state_cache=None, state_indices=None, has_initial_state=None):
-        args = dict(q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=A_log, g_bias=g_bias, scale=scale,
-                    initial_state=initial_state, output_final_state=output_final_state, lower_bound=lower_bound,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
-                    chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, use_fused_chunk=use_fused_chunk,
-                    out=out, checkpoint_state=checkpoint_state, checkpoint_offsets=checkpoint_offsets,
-                    checkpoint_state_indices=checkpoint_state_indices, state_cache=state_cache,
-                    state_indices=state_indices, has_initial_state=has_initial_state)
-        call = current_call()
-        if call is None or call.verify is None or call.done:
-            return base(**args)
-        result = streamed_step(call, base, args)
-        call.done = True
-        return result
-
-    chunk_kda_prefill.__wrapped__ = base  # type: ignore[attr-defined]
-    return chunk_kda_prefill
+    return _rocm_prefill(base, lambda call, args: streamed_step(call, base, args))
 
 
 def streamed_step(call: MixedCall, prefill_kernel: Callable[..., Any], args: dict[str, Any]) -> Any:

@@ -302,6 +302,36 @@ def prefix_states(prefill: Prefill, lengths: list[int]) -> torch.Tensor:
     return prefill_off(head)[1]
 
 
+def rocm_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias, *, scale, initial_state, output_final_state, lower_bound,
+                 use_qk_l2norm_in_kernel, cu_seqlens, state_cache, state_indices, has_initial_state) -> Prefill:
+    """One ROCm `chunk_kda_prefill` call as the package's tensors: its arguments checked as the kernel checks
+    them, the starting states read from the paged cache when it is given."""
+    check_cache_arguments(initial_state, output_final_state, state_cache, state_indices, has_initial_state)
+    if state_cache is not None:
+        initial_state = gather_states(state_cache, state_indices, has_initial_state)
+    return Prefill.from_vllm(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
+                             lower_bound=lower_bound, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                             cu_seqlens=cu_seqlens)
+
+
+def checkpoint_lengths(checkpoints: list[tuple[int, int, int]], num_seqs: int) -> list[int]:
+    """Each sequence's checkpoint offset (`checkpoint_rows`), 0 where it has none."""
+    lengths = [0] * num_seqs
+    for n, c, _ in checkpoints:
+        lengths[n] = c
+    return lengths
+
+
+def finish_rocm_prefill(o: torch.Tensor, finals: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None,
+                        output_final_state: bool, state_cache: torch.Tensor | None,
+                        state_indices: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`chunk_kda_prefill`'s return value; with the paged cache the final states go back to their rows instead."""
+    if state_cache is None:
+        return finish_prefill(o, finals, v, out, output_final_state)
+    state_cache[state_indices.long()] = finals.transpose(-1, -2).to(state_cache.dtype)
+    return finish_prefill(o, finals, v, out, False)
+
+
 def chunk_kda_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias=None, scale=None, initial_state=None,
                       output_final_state=False, lower_bound=None, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                       chunk_indices=None, chunk_offsets=None, use_fused_chunk=False, out=None, checkpoint_state=None,
@@ -309,23 +339,16 @@ def chunk_kda_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias=None, scale=None, 
                       has_initial_state=None):
     """Off, as vLLM's ROCm prefill kernel: (out [1, T, H, dv], final states [N, H, dv, dk], or None when they
     went into `state_cache`); checkpoints written."""
-    check_cache_arguments(initial_state, output_final_state, state_cache, state_indices, has_initial_state)
-    if state_cache is not None:
-        initial_state = gather_states(state_cache, state_indices, has_initial_state)
-    prefill = Prefill.from_vllm(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
-                                lower_bound=lower_bound, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                cu_seqlens=cu_seqlens)
+    prefill = rocm_prefill(q, k, v, raw_g, raw_beta, A_log, g_bias, scale=scale, initial_state=initial_state,
+                           output_final_state=output_final_state, lower_bound=lower_bound,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                           state_cache=state_cache, state_indices=state_indices, has_initial_state=has_initial_state)
     o, finals = prefill_off(prefill)
     checkpoints = checkpoint_rows(checkpoint_offsets, checkpoint_state_indices, prefill.seq_lens)
     if checkpoints:
-        lengths = [0] * len(prefill.seq_lens)
-        for n, c, _ in checkpoints:
-            lengths[n] = c
+        lengths = checkpoint_lengths(checkpoints, len(prefill.seq_lens))
         write_checkpoints(checkpoint_state, checkpoints, prefix_states(prefill, lengths))
-    if state_cache is None:
-        return finish_prefill(o, finals, v, out, output_final_state)
-    state_cache[state_indices.long()] = finals.transpose(-1, -2).to(state_cache.dtype)
-    return finish_prefill(o, finals, v, out, False)
+    return finish_rocm_prefill(o, finals, v, out, output_final_state, state_cache, state_indices)
 
 
 def write_checkpoints(checkpoint_state: torch.Tensor, checkpoints: list[tuple[int, int, int]],

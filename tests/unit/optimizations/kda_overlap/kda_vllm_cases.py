@@ -8,6 +8,7 @@ back (vllm/models/kimi_k3/nvidia/kda.py:1136-1150, 1285-1318).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -92,3 +93,18 @@ def serial_forward_rocm(case: MixedCase, ops: Any, spec_out: torch.Tensor | None
         state_indices=case.prefill_slots.to(torch.int32), has_initial_state=torch.tensor(HAS_INITIAL[:n]))
     assert final is None
     return out_v, out_p
+
+
+def mixed_context(num_prefills: int, num_spec_decodes: int):
+    from vllm.forward_context import override_forward_context
+
+    metadata = SimpleNamespace(num_prefills=num_prefills, num_spec_decodes=num_spec_decodes)
+    return override_forward_context(SimpleNamespace(attn_metadata={PREFIX: metadata}))
+
+
+def on_stream(kernel, seen, name):
+    """`kernel`, noting the stream it runs on."""
+    def wrapped(**kwargs):
+        seen.append((name, torch.cpu.current_stream()))
+        return kernel(**kwargs)
+    return wrapped

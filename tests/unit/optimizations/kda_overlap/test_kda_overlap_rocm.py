@@ -14,7 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kda_vllm_cases import CHECKPOINT_ROWS, HAS_INITIAL, PREFIX, mixed_case, serial_forward_rocm
+from kda_vllm_cases import (
+    CHECKPOINT_ROWS,
+    HAS_INITIAL,
+    PREFIX,
+    mixed_case,
+    mixed_context,
+    on_stream,
+    serial_forward_rocm,
+)
 
 from opts.kda_overlap import KdaOverlapConfig
 from opts.kda_overlap import vllm as setting
@@ -104,20 +112,6 @@ def test_the_rocm_off_kernel_is_the_gathered_call_and_its_checkpoint_the_state_a
                                                       use_qk_l2norm_in_kernel=True)
     torch.testing.assert_close(case.cache[CHECKPOINT_ROWS[0]], at_64[0], **TOL)
     assert torch.isnan(case.cache[CHECKPOINT_ROWS[1:]]).all()      # sequences without a checkpoint write none
-
-
-def mixed_context(num_prefills: int, num_spec_decodes: int):
-    from vllm.forward_context import override_forward_context
-
-    metadata = SimpleNamespace(num_prefills=num_prefills, num_spec_decodes=num_spec_decodes)
-    return override_forward_context(SimpleNamespace(attn_metadata={PREFIX: metadata}))
-
-
-def on_stream(kernel, seen, name):
-    def wrapped(**kwargs):
-        seen.append((name, torch.cpu.current_stream()))
-        return kernel(**kwargs)
-    return wrapped
 
 
 def test_streams_on_rocm_run_the_verification_on_a_side_stream_and_equal_off_exactly(vllm, monkeypatch):

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kda_vllm_cases import PREFIX, mixed_case, serial_forward
+from kda_vllm_cases import PREFIX, mixed_case, mixed_context, on_stream, serial_forward
 
 from opts.kda_overlap import KdaOverlapConfig
 from opts.kda_overlap import vllm as setting
@@ -128,13 +128,6 @@ def test_forward_reads_no_verification_output_before_the_prefill_kernel(vllm):
         "recurrent_state,", "recurrent_state=recurrent_state,"]  # the gather of prefill slots; flashkda export
 
 
-def mixed_context(num_prefills: int, num_spec_decodes: int):
-    from vllm.forward_context import override_forward_context
-
-    metadata = SimpleNamespace(num_prefills=num_prefills, num_spec_decodes=num_spec_decodes)
-    return override_forward_context(SimpleNamespace(attn_metadata={PREFIX: metadata}))
-
-
 def layer(**values):
     return SimpleNamespace(**{"prefix": PREFIX, "kda_prefill_backend": "triton", "use_recoverssm": False, **values})
 
@@ -202,14 +195,6 @@ def test_outside_a_marked_step_the_kernels_pass_through(packed_calls):
     for a, b in zip(serial_forward(on, ops), serial_forward(off, OFF), strict=True):
         assert torch.equal(a, b)
     assert packed_calls == []
-
-
-def on_stream(kernel, seen, name):
-    """`kernel`, noting the stream it runs on."""
-    def wrapped(**kwargs):
-        seen.append((name, torch.cpu.current_stream()))
-        return kernel(**kwargs)
-    return wrapped
 
 
 def test_streams_run_the_verification_on_a_side_stream_and_equal_off_exactly(vllm, monkeypatch):
