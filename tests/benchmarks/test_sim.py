@@ -70,7 +70,8 @@ def test_a_default_cell_point_in_stretches_against_step_by_step(benchmark) -> No
     (slow, slow_stats), slow_s = replay(False)
     benchmark.extra_info.update({"case": f"main_all_off_c{app.backend.bracket_from}", "stretch_cpu_s": fast_s,
                                  "step_by_step_cpu_s": slow_s, "speedup": slow_s / fast_s,
-                                 "steps": fast_stats.num_steps, "stretch_steps": fast_stats.num_stretch_steps})
+                                 "steps": fast_stats.num_steps, "stretch_steps": fast_stats.num_stretch_steps,
+                                 "iterations": fast_stats.num_iterations})
     assert fast_stats.num_steps == slow_stats.num_steps and len(fast) == len(slow)
     for a, b in zip(fast, slow, strict=True):      # a stretch sums its durations at once: equal to the last bits
         assert (a.input_tokens, a.output_tokens, a.cached_tokens) == (b.input_tokens, b.output_tokens, b.cached_tokens)

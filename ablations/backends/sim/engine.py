@@ -7,14 +7,15 @@ admitted in release order while the budget,
 `max_num_seqs` and the cache allow; the step takes `StepModel`'s time. Admission and block allocation go through
 `opts.cache_retention`'s hybrid pool (a request's hit is its cached prefix), so cache_retention's modes act
 here as in the pool's replays. A verification's accepted drafts are drawn from the acceptance model, seeded per
-request. Stretches of steps that differ only in their contexts are priced at once, exactly as step by step
-(README.md, "The engine").
+request. Stretches of steps that differ only in their contexts and one prefill's chunks are priced at once,
+exactly as step by step (README.md, "The engine").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -49,10 +50,11 @@ class SchedulerConfig:
 
 @dataclass
 class EngineStats:
-    """What the engine did: steps (how many priced in a stretch; how many prefilled beside decodes, and their
-    time), busy time, drafts proposed and accepted, preemptions, the smallest ratio of a step's time to its
-    roofline (never below 1), the cache."""
+    """What the engine did: iterations (a step, or a stretch of steps priced at once), steps (how many priced in a
+    stretch; how many prefilled beside decodes, and their time), busy time, drafts proposed and accepted,
+    preemptions, the smallest ratio of a step's time to its roofline (never below 1), the cache."""
 
+    num_iterations: int = 0
     num_steps: int = 0
     num_stretch_steps: int = 0
     num_mixed_steps: int = 0
@@ -242,25 +244,42 @@ class _Engine:
     def _grow(self, run: _Run, upto: int) -> bool:
         return self.pool.grow(run.rid, run.request, self._keys(run.rid), upto)
 
-    def _stretch(self, batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int, waiting: bool) -> int:
-        """How many steps from now are alike but for their contexts: none of the batch finishes before the last,
-        and either no prefill runs or one prefill runs chunks of the same size without completing, leaving no
-        budget to a waiting request (a release due cuts the stretch: `run`)."""
+    def _stretch(self, batch: list[_Run], chunks: list[tuple[_Run, int]], budget_left: int,
+                 waiting: bool) -> tuple[int, list[int]]:
+        """How many steps from now are alike but for their contexts and one prefill's chunk sizes, and those
+        sizes: none of the batch finishes before the last, and either no prefill runs or one prefill runs its
+        chunks of the budget the decodes leave, up to its last (a release due cuts the stretch: `_step`). A later
+        step's chunk may leave budget only where nothing would take it (no queue, no other prefill), or where it
+        leaves what this step's does."""
         steps = min((run.steps - run.done for run in batch), default=math.inf)
-        if chunks:
-            (run, chunk), *others = chunks
-            remaining = run.target - run.computed
-            if others or (budget_left and waiting) or remaining <= chunk:
-                return 1
-            steps = min(steps, self._same_chunks(run, chunk, chunk + budget_left, -(-remaining // chunk) - 1))
-        return max(int(steps), 1)
+        if not chunks:
+            return max(int(steps), 1), []
+        (run, chunk), *others = chunks
+        if others or (budget_left and waiting):
+            return 1, [chunk]
+        budget = chunk + budget_left
+        unclaimed = not waiting and len(self._prefilling) == 1
+        sizes, start = [chunk], run.computed + chunk
+        while start < run.target and len(sizes) < steps:
+            size = self._chunk(run, budget, start)
+            if not size or (budget - size != budget_left and not unclaimed):
+                break
+            sizes.append(size)
+            start += size
+        return len(sizes), sizes
 
-    def _same_chunks(self, run: _Run, chunk: int, budget: int, limit: int) -> int:
-        """Steps from now (at most `limit`) in which `run` computes `chunk` tokens each out of `budget`."""
-        n = 1
-        while n < limit and self._chunk(run, budget, run.computed + n * chunk) == chunk:
-            n += 1
-        return n
+    @staticmethod
+    def _chunk_rows(model: StepModel, run: _Run, sizes: list[int], num_decodes: int, context: np.ndarray,
+                    q: int) -> np.ndarray:
+        """Feature rows of a stretch's steps whose prefill `run` computes `sizes` (one per step): one
+        `batch_features` call per run of equal sizes."""
+        parts, start, cached = [], 0, run.computed
+        for size, group in itertools.groupby(sizes):
+            n = len(list(group))
+            parts.append(model.batch_features([(size, cached + size * np.arange(n))], num_decodes,
+                                              context[start:start + n], q))
+            start, cached = start + n, cached + size * n
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _grow_stretch(self, batch: list[_Run], steps: int, q: int) -> int:
         """Allocate the blocks the batch's verifications need over steps 1..steps-1 of a stretch, in the order
@@ -411,20 +430,20 @@ class _Engine:
         # may change the next one's K
         alike = (self.stretches and self.stats.num_preemptions == num_preempted
                  and self.steps.k(len(self._running)) == k)
-        steps = self._stretch(batch, chunks, budget, bool(self._waiting)) if alike else 1
+        steps, sizes = self._stretch(batch, chunks, budget, bool(self._waiting)) if alike else (1, [])
         num_decodes = len(batch)
         base = sum(run.computed for run in batch)
         context = np.full(steps, float(base))
         for run in batch if steps > 1 else ():
             context[1:] += run.cum[run.done:run.done + steps - 1] - run.emitted(run.done)
-        if steps > 1 and chunks:     # one chunk, the whole budget each step: its context grows by the chunk
-            (run, chunk), = chunks
-            prefill = [(chunk, run.computed + chunk * np.arange(steps))]
+        if steps > 1 and chunks:     # one prefill's chunks, its context grown by those before
+            rows = self._chunk_rows(model, chunks[0][0], sizes, num_decodes, context, q)
         else:
-            prefill = [(chunk, run.computed) for run, chunk in chunks]
-        rows = model.batch_features(prefill, num_decodes, context, q)
+            rows = model.batch_features([(chunk, run.computed) for run, chunk in chunks], num_decodes, context, q)
         durations = model.times(rows)
-        admissible = budget and not self._blocked and len(self._running) < self.scheduler.max_num_seqs
+        # a release due is admitted by the first step after it whose chunk leaves budget
+        left = budget or (steps > 1 and chunks and min(sizes) < sizes[0] + budget)
+        admissible = left and not self._blocked and len(self._running) < self.scheduler.max_num_seqs
         # a release is admitted at the first step after it; a session-aware free order also notes its arrival
         releases = self._releases
         if steps > 1 and releases and (admissible or self.session_aware):
@@ -439,6 +458,7 @@ class _Engine:
         self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
                                             float((durations / model.rooflines(rows)).min()))
         self._now += float(durations.sum())
+        self.stats.num_iterations += 1
         self.stats.num_steps += steps
         self.stats.num_stretch_steps += steps if steps > 1 else 0
         if chunks and batch:
@@ -452,7 +472,7 @@ class _Engine:
         self.stats.drafts += steps * num_decodes * (q - 1)
         done = [run for run in batch if run.done == run.steps]
         for run, chunk in chunks:
-            run.computed += chunk * steps
+            run.computed += sum(sizes[:steps]) if steps > 1 else chunk
             self.pool.progress(run.rid, run.computed)
             if run.computed == run.target:
                 if math.isnan(run.first_s):

@@ -68,6 +68,30 @@ def test_stretches_price_every_step_exactly_as_one_at_a_time():
             assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-9)
 
 
+@pytest.mark.parametrize("third_at_ms", [None, 60.0, 400.0])
+def test_a_prefill_s_chunks_of_every_size_beside_decodes_are_one_stretch(third_at_ms):
+    """A 20,000-token prompt admitted beside a decode: its chunks (7,680, 7,680, 3,840 to the MTP checkpoint at
+    19,200, then 800) run in one stretch up to the one that completes it, priced as step by step. A third request
+    (a budget of 7,680 tokens beside the decode, so that whole chunks leave none), queued before the prompt is
+    admitted (60 ms) or released during its prefill (400 ms), is admitted by the first step whose chunk leaves
+    budget: the stretch ends before it."""
+    requests = [one_request(600, 400), one_request(20_000, 3, 50.0, hash_base=1000)]
+    if third_at_ms is not None:
+        requests.append(one_request(3000, 5, third_at_ms, hash_base=2000))
+    trace = Trace(tuple(requests), 512)
+    kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=8192 if third_at_ms is None else 7684)}
+    fast, fast_stats = replay(trace, **kw)
+    slow, slow_stats = replay(trace, stretches=False, **kw)
+    assert slow_stats.num_iterations == slow_stats.num_steps == fast_stats.num_steps
+    assert fast_stats.num_mixed_steps == slow_stats.num_mixed_steps
+    if third_at_ms is None:      # the prefill alone, its four chunks beside the decode, the two decoding, one alone
+        assert fast_stats.num_mixed_steps == 4 and fast_stats.num_iterations == 4
+    for a, b in zip(fast, slow, strict=True):
+        assert a.cached_tokens == b.cached_tokens
+        for field in ("first_token_s", "finish_s"):
+            assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-9)
+
+
 def test_the_same_config_and_seed_give_the_same_bytes():
     setup = sim_setup(SimBackendConfig(), "kimi_k3", hardware(), toggles())
 
