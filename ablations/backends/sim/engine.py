@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ablations.backends.sim.step_model import DraftSteps, StepModel
 from ablations.metrics import RequestRecord, cache_hit_rate
@@ -152,7 +153,9 @@ def simulate(trace: Trace, model: StepModel | DraftSteps, geometry: CacheGeometr
     if scheduler.max_num_batched_tokens < q:
         raise ValueError(f"scheduler.max_num_batched_tokens: {scheduler.max_num_batched_tokens} is less than one "
                          f"verification ({q} tokens)")
-    with no_cycle_collection():
+    # the step model's matrices are small ([steps, 2 features] x [2 features, passes]): OpenBLAS's threads spin
+    # between them and cost more CPU than they save (README.md, "The engine")
+    with no_cycle_collection(), threadpool_limits(1, user_api="blas"):
         engine = _Engine(trace, steps, geometry, num_blocks, free_list, resume, tuple(alphas), scheduler, seed,
                          stretches)
         if keys is not None:
@@ -392,8 +395,9 @@ class _Engine:
             rid, ready = waiting[0]
             run = self._preempted.get(rid)
             request = run.request if run else self.requests[rid]
-            if not prefill_chunk(self._hit(rid, request), request.num_prompt_tokens, budget, pool.block_size,
-                                 sched.max_num_batched_tokens):
+            # a budget of a block or more fits a chunk whatever the hit (`prefill_chunk`): no lookup needed
+            if budget < pool.block_size and not prefill_chunk(self._hit(rid, request), request.num_prompt_tokens,
+                                                              budget, pool.block_size, sched.max_num_batched_tokens):
                 break       # vLLM: no block-aligned chunk fits the budget left; the queue waits a step
             hit = self._admit(rid, request, self._now)
             if hit is None:

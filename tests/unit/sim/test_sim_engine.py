@@ -307,6 +307,16 @@ def test_prefill_chunks_are_vllms_block_aligned_split(start, target, budget, blo
     assert prefill_chunk(start, target, budget, block, max_tokens, stops) == chunk
 
 
+def test_a_budget_of_a_block_or_more_always_fits_a_chunk():
+    """What lets the engine admit the queue's head without looking its hit up first: with a block's budget or
+    more, some chunk fits from any start below the target (K3's 768-token blocks; a block wider than a step)."""
+    for block, max_tokens in ((768, 8192), (128, 64)):
+        for start in range(0, 3 * block, 17):
+            for budget in (block, block + 1, 2 * block - 1, 5 * block):
+                for target in (start + 1, start + block // 2, start + 4 * block):
+                    assert prefill_chunk(start, target, budget, block, max_tokens) > 0, (start, target, budget)
+
+
 def test_a_budget_left_under_a_block_prices_stretches_as_steps():
     """K3's 768-token blocks under an 800-token budget, turns resumed at their ends (inside a block): a chunk or an
     admission that no block-aligned chunk fits waits, step by step and in stretches alike."""
