@@ -167,6 +167,18 @@ def run_point(setup: SimSetup, trace: Trace, concurrency: int, seed: int,
             "wall_s": time.perf_counter() - start}
 
 
+_KEYS: dict[int, tuple[Trace, list[list]]] = {}
+
+
+def shared_keys(trace: Trace, block_size: int) -> list[list]:
+    """`trace_keys(trace, block_size)`, built once per process for the latest trace at each block size: the
+    cells of a sweep on one worker share them (never changed by a replay)."""
+    entry = _KEYS.get(block_size)
+    if entry is None or entry[0] is not trace:
+        entry = _KEYS[block_size] = (trace, trace_keys(trace, block_size))
+    return entry[1]
+
+
 _SHARED: dict[str, Any] = {}      # what forked workers read: the setup, trace and keys, never pickled
 
 
@@ -217,7 +229,7 @@ def run_sim_cell(backend: SimBackendConfig, model_name: str, hardware: HardwareC
              "requests; concurrencies %s", model_name, hardware.name, setup.parallel.tp, setup.parallel.moe,
              setup.cache_gb, setup.num_blocks, setup.geometry.block_size, setup.steps.max_k, len(trace.requests),
              backend.concurrency)
-    keys = trace_keys(trace, setup.geometry.block_size)
+    keys = shared_keys(trace, setup.geometry.block_size)
     if backend.bracket_from:
         found = _bracket(setup, trace, keys, backend)
     else:

@@ -12,7 +12,7 @@ from functools import cache
 
 import pytest
 
-from ablations.backends.sim.cell import run_point, run_sim_cell, sim_setup
+from ablations.backends.sim.cell import run_point, run_sim_cell, shared_keys, sim_setup
 from ablations.backends.sim.checks import wired as sim_wired
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
@@ -90,6 +90,14 @@ def test_a_prefill_s_chunks_of_every_size_beside_decodes_are_one_stretch(third_a
         assert a.cached_tokens == b.cached_tokens
         for field in ("first_token_s", "finish_s"):
             assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-9)
+
+
+def test_a_process_names_a_trace_s_blocks_once_per_block_size():
+    trace, other = agentx(2), agentx(3)
+    keys = shared_keys(trace, 768)
+    assert keys == trace_keys(trace, 768) and shared_keys(trace, 768) is keys
+    assert shared_keys(trace, 512) == trace_keys(trace, 512) and shared_keys(trace, 768) is keys
+    assert shared_keys(other, 768) == trace_keys(other, 768) and shared_keys(other, 768) is not keys
 
 
 def test_the_same_config_and_seed_give_the_same_bytes():

@@ -125,3 +125,20 @@ def test_fixed_lengths_bad_input_names_the_field():
         WorkloadConfig(preset=None, fixed={"isl": 8})
     with pytest.raises(ValueError, match="exactly one of preset, path and fixed"):
         WorkloadConfig(fixed={"input_length": 8, "output_length": 8, "num_requests": 1})
+
+
+def test_a_process_builds_a_workload_once_and_a_changed_trace_file_again(tmp_path, small_trace):
+    from ablations.run import workload
+    from ablations.workload import trace_stats
+
+    write_trace(small_trace, tmp_path / "t.jsonl.gz")
+    cfg = WorkloadConfig(preset=None, path=str(tmp_path / "t.jsonl.gz"))
+    first, stats = workload(cfg)
+    assert workload(cfg)[0] is first and stats == trace_stats(first)
+    stats["requests"] = -1                               # the caller's copy
+    assert workload(cfg)[1]["requests"] == len(small_trace.requests)
+    write_trace(small_trace.head_sessions(3), cfg.path)
+    again, _ = workload(cfg)
+    assert again is not first and again.requests == small_trace.head_sessions(3).requests
+    generated, _ = workload(WorkloadConfig(preset="agentx_small"))
+    assert generated is not again and workload(cfg)[0] is not again     # one kept: read once more
