@@ -121,12 +121,12 @@ def uniforms(seed: int, stream: int, count: int) -> np.ndarray:
 def accepted_draws(seed: int, rid: int, alphas: Sequence[float], num_steps: int) -> np.ndarray:
     """Accepted drafts per verification for request `rid`: draft j is accepted, given 1..j-1 were, with
     probability alphas[j-1], so at least j are accepted with probability c_j = alphas[0]···alphas[j-1]; one
-    uniform u per step gives #{j: u < c_j}. A stream of its own per (seed, request): the draws never depend on
-    the batch."""
+    uniform u per step gives #{j: u < c_j} (the c_j fall: the number of -c_j below -u). A stream of its own per
+    (seed, request): the draws never depend on the batch."""
     if not alphas:
         return np.zeros(num_steps, dtype=np.int64)
     u = uniforms(seed, rid, num_steps)
-    return (u[:, None] < np.cumprod(alphas)[None, :]).sum(axis=1)
+    return np.searchsorted(-np.cumprod(alphas), -u, side="left").astype(np.int64)
 
 
 def _schedule(trace: Trace, concurrency: int | None):

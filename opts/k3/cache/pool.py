@@ -72,8 +72,8 @@ class HybridPool(Lookup):
         g, size, session = self.geometry, self.block_size, request.session
         hit, is_resume, found = self.find_hit(request, keys, previous)
         self._memo = None       # what admission builds on `found` is its own from here
-        leading, num_hit_blocks = len(found), hit // size
-        hit_attn = found[:num_hit_blocks]
+        leading, num_hit_blocks = len(found[0]), hit // size
+        attn = [column[:num_hit_blocks] for column in found]
         if is_resume:
             key = prefix_key(request, hit, self.chunk_size)
             state = self._lookup(RESUME_STATE, key)
@@ -81,14 +81,13 @@ class HybridPool(Lookup):
         else:
             state = self._lookup(STATE, keys[num_hit_blocks - 1]) if num_hit_blocks else None
             partial = None
-        touched = [b for blocks in hit_attn for b in blocks] + (state or []) + (partial or [])
-        num_touched_free = sum(1 for b in set(touched) if self.ref[b] == 0)
+        touched = [b for column in attn for b in column] + (state or []) + (partial or [])
+        num_touched_free = list(map(self.ref.__getitem__, set(touched))).count(0)
         if self.num_free() - num_touched_free < self.blocks_needed(request, hit, upto):
             return None
         self.free.note_admit(session, now_s, index, request.parent)
         if state:
             self._touch(state, session)
-        attn = [[blocks[i] for blocks in hit_attn] for i in range(g.num_attn_groups)]
         for i in range(g.num_attn_groups):
             self._touch(attn[i], session)
         if partial:
@@ -218,7 +217,9 @@ class HybridPool(Lookup):
     def _name_ahead(self, index: int, run: Running, hit: int) -> None:
         """progressive: the blocks admission named past the hit stay unmatchable until `progress` passes them."""
         depth, key_of = self.depth, self.key_of
-        named = {b for blocks in run.attn for b in blocks} | {b for b, _ in run.states}
+        # an attention block's name ends where it does: only those from the hit's end on can lie past it
+        first = hit // self.block_size
+        named = {b for blocks in run.attn for b in blocks[first:]} | {b for b, _ in run.states}
         run.ahead = sorted((depth[b], b) for b in named if b in key_of and depth[b] > hit)
         self.version += bool(run.ahead)
         for _, b in run.ahead:

@@ -10,13 +10,21 @@ import json
 import math
 from functools import cache
 
+import numpy as np
 import pytest
 
 from ablations.backends.sim.cell import run_point, run_sim_cell, shared_keys, sim_setup
 from ablations.backends.sim.checks import wired as sim_wired
 from ablations.backends.sim.config import SimBackendConfig
 from ablations.backends.sim.cost import Parallel, Seq, SimModel
-from ablations.backends.sim.engine import SchedulerConfig, prefill_chunk, simulate, trace_keys
+from ablations.backends.sim.engine import (
+    SchedulerConfig,
+    accepted_draws,
+    prefill_chunk,
+    simulate,
+    trace_keys,
+    uniforms,
+)
 from ablations.backends.sim.step_model import DraftSteps, StepModel
 from ablations.config import compose_app
 from ablations.run import run
@@ -337,3 +345,12 @@ def test_a_budget_left_under_a_block_prices_stretches_as_steps():
     for a, b in zip(fast, slow, strict=True):
         assert a.cached_tokens == b.cached_tokens
         assert a.finish_s == pytest.approx(b.finish_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("alphas", [(0.8, 0.8, 0.8), (0.9, 0.7, 0.85, 0.6, 0.99, 0.75, 0.8), (1.0, 1.0, 0.5),
+                                    (0.7, 0.0)])
+def test_a_verification_accepts_as_many_drafts_as_its_uniform_passes(alphas):
+    """accepted_draws against its definition, #{j : u < alphas[0]···alphas[j-1]}, one uniform a step."""
+    u = uniforms(3, 17, 5000)
+    want = np.array([sum(x < c for c in np.cumprod(alphas)) for x in u])
+    assert np.array_equal(accepted_draws(3, 17, alphas, 5000), want)

@@ -8,7 +8,7 @@ from cache_retention_helpers import TOY, request, tokens
 
 from opts.cache_retention.config import CacheRetentionConfig
 from opts.cache_retention.retention import run
-from opts.k3.cache import CapacityError, HybridPool, Resume, replay, request_keys
+from opts.k3.cache import ATTN, STATE, CapacityError, HybridPool, Resume, replay, request_keys
 from opts.k3.cache.free_list import LruFreeList
 from opts.k3.cache.geometry import TINY
 from opts.k3.cache.stream import CacheStream
@@ -167,3 +167,52 @@ def test_a_readmitted_request_keeps_no_prompt_tail_past_its_ids():
     pool.preempt(0, computed=36)
     assert pool.admit(0, again, keys, None, 1.0, upto=36, readmit=True) is not None
     pool.finish(0, again, 2.0)
+
+
+@pytest.mark.parametrize("groups", ["one", "three"])
+def test_the_deepest_cached_state_near_the_prefix_s_end_or_far_below_it(groups):
+    """`_deepest_state` (the blocks near the end one by one, the rest in C loops) against every block in turn:
+    states cached at blocks 3 and 30 of 40, a deeper one (35) whose later groups are missing or which is not
+    ready yet (named ahead), for every length of the leading prefix."""
+    geometry = TINY if groups == "one" else dataclasses.replace(TINY, num_state_groups=3)
+    pool = HybridPool(geometry, 200, LruFreeList(), resume=None, chunk_size=1)
+    keys = list(range(1000, 1040))
+    bid = iter(range(1, 201))
+    for j, state_groups in ((3, 3), (30, 3), (35, 1)):
+        for g in range(min(state_groups, geometry.num_state_groups)):
+            pool._hash(next(bid), (STATE, g, keys[j]), (j + 1) * 128)
+    if groups == "one":       # the deeper state not ready: named ahead by a running request
+        pool.ahead[pool.cached[(STATE, 0, keys[35])][0]] = 7
+
+    def every_block(leading: int) -> int:
+        return next((j for j in range(leading - 1, -1, -1) if pool._lookup(STATE, keys[j]) is not None), -1)
+
+    found = [pool._deepest_state(keys, leading) for leading in range(41)]
+    assert found == [every_block(leading) for leading in range(41)]
+    assert found[2] == -1 and found[4] == 3 and found[31] == found[40] == 30
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_two_attention_groups_hit_what_one_does(speculative):
+    """A pool whose blocks hold two attention groups (a block per group at each position: `find_hit`'s columns)
+    finds the hits one group finds, turn after turn and across sessions, when nothing is evicted."""
+    a, b = tokens("a", 60), tokens("b", 20)
+    one = a[:17] + b[:3]
+    two = one + a[17:33] + b[3:6]
+    other = a[:13] + b[6:16]
+    requests = [request(0, 1, one, 17, 3, "A"), request(2, 3, two, 36, 3, "A", continues=0),
+                request(4, 5, other, 13, 10, "B"), request(6, 7, a[:30] + b[16:19], 30, 3, "C")]
+    hits = {}
+    for groups in (1, 2):
+        geometry = dataclasses.replace(TOY, num_attn_groups=groups)
+        pool = HybridPool(geometry, 400, LruFreeList(), resume=None, chunk_size=4, speculative=speculative)
+        hits[groups] = []
+        for i, r in enumerate(requests):
+            previous = requests[r.continues] if r.continues is not None else None
+            keys = request_keys(r, i, 4, 4)
+            hits[groups].append(pool.admit(i, r, keys, previous, float(i)))
+            held = pool.running[i].attn
+            assert all(pool.key_of[held[g][j]] == (ATTN, g, keys[j]) for g in range(groups) for j in range(len(keys)))
+            pool.finish(i, r, float(i) + 0.5)
+        assert len(pool.free) == 400 and not any(pool.ref.values())     # every block it took, given back
+    assert hits[1] == hits[2] and hits[1][1] > 0 and hits[1][3] > 0
