@@ -114,3 +114,26 @@ def test_evict_forgets_each_request_when_it_finishes(stream, resume):
     free_list.note_finish("a", 1.0, 7)
     free_list.note_finish("a", 1.0, 7)
     assert free_list.num_open_requests == 0
+
+
+@pytest.mark.parametrize("resume", [None, Resume()])
+def test_a_compacted_heap_pops_the_blocks_a_full_one_does(stream, resume):
+    """`pop` rebuilds its heap from the live entries once the entries hits and re-rankings left behind outnumber
+    them: every pop (time, block, evicted name) the same as with every entry kept, and the hits too."""
+
+    class Kept(SessionFreeList):
+        def _compact(self) -> None:
+            pass
+
+    class Counted(SessionFreeList):
+        compactions = 0
+
+        def _compact(self) -> None:
+            self.compactions += 1
+            super()._compact()
+
+    kept, compacted = recording(Kept)(idle_s=30.0), recording(Counted)(idle_s=30.0)
+    full, small = replay(stream, TINY, 80, kept, resume=resume), replay(stream, TINY, 80, compacted, resume=resume)
+    assert compacted.compactions > 0 and len(compacted._heap) < len(kept._heap)
+    assert compacted.pops == kept.pops and sum(key is not None for _, _, key in kept.pops) > 10
+    assert (small.hits, small.num_evictions) == (full.hits, full.num_evictions)
