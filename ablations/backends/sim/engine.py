@@ -444,7 +444,8 @@ class _Engine:
             rows = self._chunk_rows(model, chunks[0][0], sizes, num_decodes, context, q)
         else:
             rows = model.batch_features([(chunk, run.computed) for run, chunk in chunks], num_decodes, context, q)
-        durations = model.times(rows)
+        # the reference (step by step) prices with the step model's own `times`, the stretches with `price`
+        durations, roofs = model.price(rows) if self.stretches else (model.times(rows), model.rooflines(rows))
         # a release due is admitted by the first step after it whose chunk leaves budget
         left = budget or (steps > 1 and chunks and min(sizes) < sizes[0] + budget)
         admissible = left and not self._blocked and len(self._running) < self.scheduler.max_num_seqs
@@ -455,12 +456,12 @@ class _Engine:
             steps = max(1, int(np.searchsorted(starts, releases[0][0], side="left")))
         if steps > 1:       # the blocks the stretch's later verifications need, or fewer steps
             steps = max(1, self._grow_stretch(batch, steps, q))
-        durations, rows = durations[:steps], rows[:steps]
+        durations, roofs = durations[:steps], roofs[:steps]
         if not self.stats.num_steps and model.first_step_s:       # the host's one-time work (hardware.py)
             durations = durations.copy()
             durations[0] += model.first_step_s
         self.stats.min_roofline_ratio = min(self.stats.min_roofline_ratio,
-                                            float((durations / model.rooflines(rows)).min()))
+                                            float((durations / roofs).min()))
         self._now += float(durations.sum())
         self.stats.num_iterations += 1
         self.stats.num_steps += steps

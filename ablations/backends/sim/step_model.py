@@ -157,6 +157,9 @@ def fit(fn, m: SimModel, seed: int = 0, kind: str = "verify") -> tuple[list[str]
     return names, coef.reshape(NUM_FEATURES, len(names), len(FIELDS))
 
 
+MAX_TEMPLATES = 4096      # step shapes whose feature row a model keeps (`StepModel._template`)
+
+
 class StepModel:
     """Seconds per step of a model on a node with `num_drafts` MTP drafts per decoding request (0: none), the
     toggles' kernel classes (`classes`) and cost `mech`anisms, launched as vLLM's `graphs` settings say:
@@ -292,6 +295,11 @@ class StepModel:
         fixed[DECODE_FEATURE] += host_seconds(hw, 0, 0, 1) - self.host_s
         # [mode, feature]: the host's and the launches' (and gathers') seconds per feature, by launch mode
         self._fixed = np.stack([self._launch[mode] + fixed for mode in ("full", "piecewise", "eager")])
+        # `price`'s one product: [features, passes (FLOPs, bytes, floors) + launch modes + the roofline's two]
+        parts = [self._flops_s, self._bytes_s, *([self._floor] if self._floor is not None else []), self._fixed.T,
+                 self._roof_flops[:, None], self._roof_bytes[:, None]]
+        self._stack = np.ascontiguousarray(np.hstack(parts))
+        self._templates: dict[tuple, np.ndarray] = {}
 
     def with_host(self, hw: HardwareConfig) -> StepModel:
         """This model with `hw`'s host overheads (the rest of `hw` unread): a fit of them re-prices nothing else."""
@@ -301,7 +309,7 @@ class StepModel:
         ranges = {**{k: v for k, v in self.hw.ranges.items() if k not in HOST_FIGURES},
                   **{k: v for k, v in hw.ranges.items() if k in HOST_FIGURES}}
         other.hw = replace(self.hw, **{k: getattr(hw, k) for k in HOST_FIGURES}, sources=sources, ranges=ranges)
-        other._host(other.hw)
+        other._host(other.hw)       # and `price`'s product
         return other
 
     def features(self, seqs: Sequence[Seq]) -> np.ndarray:
@@ -315,27 +323,8 @@ class StepModel:
         (1 + drafts) whose contexts sum to each of `decode_context` [steps]: `features` of the step, then of each
         later MTP pass (`draft_seqs`), built from the sums alone, as the engine keeps them."""
         n, q = num_decodes, tokens_per_decode
-        head = [0.0] * NUM_FEATURES
-        tokens = n * q
-        for new, _ in chunks:
-            head[2] = 1.0
-            head[3] += 1
-            head[4] += new
-            head[7] += new * new
-            tokens += new
-        if tokens:
-            head[0], head[1] = 1.0, self._experts(tokens)
-        draft = [0.0] * NUM_FEATURES
-        if n:
-            head[8:14] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
-            if chunks:                                      # decodes or verifications beside a prefill
-                head[MIXED:MIXED + 6] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
-        requests = n + len(chunks)                          # each later MTP pass: one token per request
-        if requests:
-            draft[:2] = (1.0, self._experts(requests))
-            draft[8:14] = (1.0, requests, requests, 0.0, 0.0, requests)
         c = np.asarray(decode_context, dtype=float)
-        rows = np.tile(np.array(head + draft), (c.size, 1))
+        rows = np.tile(self._template(tuple(new for new, _ in chunks), n, q), (c.size, 1))
         for new, cached in chunks:
             rows[:, 5] += cached
             rows[:, 6] += new * cached
@@ -349,6 +338,37 @@ class StepModel:
             rows[:, NUM_FEATURES + 11] += c + n * q
         rows[:, NUM_FEATURES + 12] = rows[:, NUM_FEATURES + 11]
         return rows
+
+    def _template(self, news: tuple[int, ...], n: int, q: int) -> np.ndarray:
+        """The feature row of a step of prefill chunks of `news` tokens and `n` decodes of `q` tokens before any
+        context: what depends on the step's shape alone (its experts among it), kept per shape."""
+        key = (news, n, q)
+        row = self._templates.get(key)
+        if row is not None:
+            return row
+        head = [0.0] * NUM_FEATURES
+        tokens = n * q
+        for new in news:
+            head[2] = 1.0
+            head[3] += 1
+            head[4] += new
+            head[7] += new * new
+            tokens += new
+        if tokens:
+            head[0], head[1] = 1.0, self._experts(tokens)
+        draft = [0.0] * NUM_FEATURES
+        if n:
+            head[8:14] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
+            if news:                                        # decodes or verifications beside a prefill
+                head[MIXED:MIXED + 6] = (1.0, n, n * q, 0.0, 0.0, n * q * q)
+        requests = n + len(news)                            # each later MTP pass: one token per request
+        if requests:
+            draft[:2] = (1.0, self._experts(requests))
+            draft[8:14] = (1.0, requests, requests, 0.0, 0.0, requests)
+        if len(self._templates) >= MAX_TEMPLATES:
+            self._templates.clear()
+        row = self._templates[key] = np.array(head + draft)
+        return row
 
     def _experts(self, tokens: int) -> float:
         return expected_experts(self.model.spec.num_experts, self.model.spec.experts_per_token, tokens,
@@ -366,6 +386,22 @@ class StepModel:
             kernels = np.maximum(kernels, rows @ self._floor)
         fixed = (rows @ self._fixed.T)[np.arange(rows.shape[0]), self.launch_modes(rows)]
         return kernels.sum(axis=-1) + fixed + self.comm_times(rows) + self.host_s
+
+    def price(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(`times(rows)`, `rooflines(rows)`) from one product of the rows with every pass's terms, what the engine
+        prices its steps with (equal to them to rounding, tested); tiered, the two."""
+        if self.tier is not None:
+            return self.times(rows), self.rooflines(rows)
+        out = rows @ self._stack
+        p = len(self.names)
+        kernels = np.maximum(out[:, :p], out[:, p:2 * p])
+        at = 2 * p
+        if self._floor is not None:
+            kernels = np.maximum(kernels, out[:, at:at + p])
+            at += p
+        fixed = out[np.arange(rows.shape[0]), at + self.launch_modes(rows)]
+        times = kernels.sum(axis=-1) + fixed + self.comm_times(rows) + self.host_s
+        return times, np.maximum(out[:, at + 3], out[:, at + 4])
 
     def _sharded(self, rows: np.ndarray) -> np.ndarray:
         """[steps, passes]: which passes run the sharded tail (tiered): the target's and the MTP's first by the

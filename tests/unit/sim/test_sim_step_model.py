@@ -120,3 +120,23 @@ def test_tiered_prices_each_moe_pass_by_its_own_tokens(num_drafts):
             assert on.time(seqs) < time < off.time(seqs)
             seen.add("target on, later drafts off")
     assert seen == {"off", "on"} | ({"target on, later drafts off"} if num_drafts else set())
+
+
+@pytest.mark.parametrize(("hardware", "mech", "graphs"), [("mi355x_x8", STOCK, "full_decode_only"),
+                                                          ("b300_x8", ALL_ON, "piecewise"),
+                                                          ("mi355x_x8", Mechanisms(latent_up_tier=64), "none")])
+def test_the_engine_s_one_product_prices_as_the_step_model_does(hardware, mech, graphs):
+    """`price` (one product of the rows with every pass's terms: what the stretches run) against `times` and
+    `rooflines`, over steps of prefills, decodes and both, contexts from 0 to 250k, every launch mode."""
+    from ablations.backends.sim.graphs import Graphs
+
+    hw = node(hardware)
+    launch = Graphs(mode=graphs, max_tokens=512, target_pieces=5, mtp_pieces=2)
+    model = StepModel(SimModel(), Parallel(), hw, 3, mech=mech, graphs=launch)
+    rng = np.random.default_rng(5)
+    for chunks, decodes in [([], 1), ([], 37), ([(7680, 0.0)], 0), ([(4096, 9000.0)], 6), ([(300, 1e5), (64, 0.0)], 3)]:
+        context = rng.uniform(0, 250_000 * max(decodes, 1), size=25)
+        rows = model.batch_features(chunks, decodes, context, 4)
+        times, roofs = model.price(rows)
+        np.testing.assert_allclose(times, model.times(rows), rtol=1e-12)
+        np.testing.assert_allclose(roofs, model.rooflines(rows), rtol=1e-12)
