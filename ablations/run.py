@@ -4,6 +4,7 @@ or a GPU node's printed commands), write its `result.json` atomically (`ablation
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -63,7 +64,7 @@ def workload(cfg: WorkloadConfig) -> tuple[Trace, dict]:
         _WORKLOADS.clear()
         _WORKLOADS[key] = (trace, trace_stats(trace))
     trace, stats = _WORKLOADS[key]
-    return trace, dict(stats)
+    return trace, copy.deepcopy(stats)
 
 
 def _on(app: AppConfig, players: tuple[str, ...]) -> set[str]:

@@ -51,13 +51,20 @@ class BlockStore:
         self.version = 0        # bumped by every change a lookup can see (names, readiness): find_hit's memo
 
     def _touch(self, block_ids: list[int], session: str | None) -> None:
-        """A request of `session` holds `block_ids` (distinct) too: those nobody held leave the free list. In C
-        loops (map, zip): this runs for every block of every hit."""
+        """A request of `session` holds `block_ids` too: those nobody held leave the free list. In C loops (map,
+        zip) when the blocks are distinct: this runs for every block of every hit. (A prompt whose chunk ids
+        repeat, which prefix hashes never do, names one block at two places: one by one.)"""
         ref, free = self.ref, self.free
-        refs = list(map(ref.__getitem__, block_ids))
-        if 0 in refs:
-            free.remove_many([bid for bid, n in zip(block_ids, refs, strict=True) if not n])
-        ref.update(zip(block_ids, map((1).__add__, refs), strict=True))
+        if len(set(block_ids)) < len(block_ids):
+            for bid in block_ids:
+                if ref[bid] == 0:
+                    free.remove(bid)
+                ref[bid] += 1
+        else:
+            refs = list(map(ref.__getitem__, block_ids))
+            if 0 in refs:
+                free.remove_many([bid for bid, n in zip(block_ids, refs, strict=True) if not n])
+            ref.update(zip(block_ids, map((1).__add__, refs), strict=True))
         free.note_uses(block_ids, session)
 
     def _alloc(self, session: str | None) -> int:
@@ -131,15 +138,21 @@ class BlockStore:
             del self.cached[key]
 
     def _free(self, block_ids: list[int]) -> None:
-        """vLLM's free_blocks of `block_ids` (distinct): those no request holds any more go to the free list,
-        without a hash to the front (in order), cached ones to the back. In C loops: this runs for every block a
-        request frees."""
+        """vLLM's free_blocks of `block_ids`: those no request holds any more go to the free list, without a hash
+        to the front (in order), cached ones to the back. In C loops when the blocks are distinct (`_touch`)."""
         ref, key_of = self.ref, self.key_of
-        left = list(map((-1).__add__, map(ref.__getitem__, block_ids)))
-        ref.update(zip(block_ids, left, strict=True))
-        if 0 not in left:
-            return
-        freed = [bid for bid, n in zip(block_ids, left, strict=True) if not n]
+        if len(set(block_ids)) < len(block_ids):
+            freed = []
+            for bid in block_ids:
+                ref[bid] -= 1
+                if ref[bid] == 0:
+                    freed.append(bid)
+        else:
+            left = list(map((-1).__add__, map(ref.__getitem__, block_ids)))
+            ref.update(zip(block_ids, left, strict=True))
+            if 0 not in left:
+                return
+            freed = [bid for bid, n in zip(block_ids, left, strict=True) if not n]
         cached = [bid for bid in freed if bid in key_of]
         if cached:
             self.free.append_many(cached)

@@ -122,15 +122,18 @@ def test_tiered_prices_each_moe_pass_by_its_own_tokens(num_drafts):
     assert seen == {"off", "on"} | ({"target on, later drafts off"} if num_drafts else set())
 
 
-@pytest.mark.parametrize(("hardware", "mech", "graphs"), [("mi355x_x8", STOCK, "full_decode_only"),
-                                                          ("b300_x8", ALL_ON, "piecewise"),
-                                                          ("mi355x_x8", Mechanisms(latent_up_tier=64), "none")])
-def test_the_engine_s_one_product_prices_as_the_step_model_does(hardware, mech, graphs):
+@pytest.mark.parametrize(("hardware", "mech", "graphs", "floor"), [
+    ("mi355x_x8", STOCK, "full_decode_only", True), ("b300_x8", ALL_ON, "piecewise", True),
+    ("mi355x_x8", STOCK, "full_and_piecewise", False), ("mi355x_x8", Mechanisms(latent_up_tier=64), "none", True)])
+def test_the_engine_s_one_product_prices_as_the_step_model_does(hardware, mech, graphs, floor):
     """`price` (one product of the rows with every pass's terms: what the stretches run) against `times` and
-    `rooflines`, over steps of prefills, decodes and both, contexts from 0 to 250k, every launch mode."""
+    `rooflines`, over steps of prefills, decodes and both, contexts from 0 to 250k, every launch mode, with and
+    without a kernel floor (tiered: the two themselves)."""
+    import dataclasses
+
     from ablations.backends.sim.graphs import Graphs
 
-    hw = node(hardware)
+    hw = node(hardware) if floor else dataclasses.replace(node(hardware), kernel_floor_us=0.0)
     launch = Graphs(mode=graphs, max_tokens=512, target_pieces=5, mtp_pieces=2)
     model = StepModel(SimModel(), Parallel(), hw, 3, mech=mech, graphs=launch)
     rng = np.random.default_rng(5)

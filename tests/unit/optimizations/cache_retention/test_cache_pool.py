@@ -11,7 +11,7 @@ from opts.cache_retention.retention import run
 from opts.k3.cache import ATTN, STATE, CapacityError, HybridPool, Resume, replay, request_keys
 from opts.k3.cache.free_list import LruFreeList
 from opts.k3.cache.geometry import TINY
-from opts.k3.cache.stream import CacheStream
+from opts.k3.cache.stream import CacheRequest, CacheStream
 
 VLLM_QUEUES = [
     [(7, False), (6, False), (4, False), (8, False), (9, False), (10, False), (11, False), (1, True), (5, True),
@@ -216,3 +216,18 @@ def test_two_attention_groups_hit_what_one_does(speculative):
             pool.finish(i, r, float(i) + 0.5)
         assert len(pool.free) == 400 and not any(pool.ref.values())     # every block it took, given back
     assert hits[1] == hits[2] and hits[1][1] > 0 and hits[1][3] > 0
+
+
+def test_a_prompt_whose_chunk_ids_repeat_holds_its_block_twice():
+    """Chunk ids (7, 8, 7, 9, 10), which prefix hashes never give: blocks 0 and 2 share a name, so the second
+    request's hit holds one block at two places (counted twice, freed twice), as block for block before the pool's
+    C loops."""
+    r = CacheRequest(0.0, 0.0, 600, 40, (7, 8, 7, 9, 10), None, None, None)
+    pool = HybridPool(TINY, 40, LruFreeList(), resume=None, chunk_size=128)
+    assert pool.admit(0, r, request_keys(r, 0, 128, 128), None, 0.0) == 0
+    pool.finish(0, r, 1.0)
+    assert pool.admit(1, r, request_keys(r, 1, 128, 128), None, 2.0) == 512
+    held = pool.running[1].attn[0]
+    assert held[0] == held[2] and pool.ref[held[0]] == 2
+    pool.finish(1, r, 3.0)
+    assert len(pool.free) == 40 and not any(pool.ref.values())
