@@ -57,7 +57,8 @@ def workload(cfg: WorkloadConfig) -> tuple[Trace, dict]:
     worker share them (about 1.1 s a cell for agentx). Keyed by every field, and a trace file by its size and
     modification time."""
     path = cfg.resolved_path
-    stamp = (path.stat().st_size, path.stat().st_mtime_ns) if path is not None and path.is_file() else None
+    stat = path.stat() if path is not None and path.is_file() else None
+    stamp = (stat.st_size, stat.st_mtime_ns) if stat is not None else None
     key = (json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str), str(path), stamp)
     if key not in _WORKLOADS:
         trace = load_workload(cfg)
