@@ -8,13 +8,19 @@ CellSweeper composes only the jobs that hold an override no earlier job held: ev
 least once before anything runs, so a bad one still fails the sweep before its first cell (80 compositions for
 that sweep). A value that fails only beside another fails in its own job, after the rest of its batch ran: the
 cells finished by then keep their results, and a rerun skips them.
+
+The jobs run in Hydra's order (the product of the swept keys, the first varying slowest), except that the keys in
+`outer` go first: `conf/design/_sweep.yaml` puts `ablation.draw` and `ablation.repeat` there, so a sweep with
+draws runs the point values' cells first, then each draw's cells in turn, and one cut short holds whole draws,
+which the attribution uses (cell-major, no draw was complete before the last cell).
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.types import Override
 
 
 @dataclass     # no `from __future__ import annotations`: Hydra's plugin scan runs this module outside sys.modules
@@ -22,6 +28,7 @@ class CellSweeperConf:
     _target_: str = "hydra_plugins.k3_ablate.sweeper.CellSweeper"
     max_batch_size: int | None = None
     params: dict[str, str] | None = None
+    outer: list[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="cells", node=CellSweeperConf, provider="k3_ablate")
@@ -39,8 +46,23 @@ def covering_jobs(batch: Sequence[Sequence[str]]) -> list[Sequence[str]]:
     return chosen
 
 
+def outer_first(overrides: Sequence[Override], outer: Sequence[str]) -> list[Override]:
+    """`overrides` with the keys of `outer` first, in `outer`'s order; the others after them, as they were."""
+    rank = {key: i for i, key in enumerate(outer)}
+    return sorted(overrides, key=lambda o: rank.get(o.get_key_element(), len(rank)))
+
+
 class CellSweeper(BasicSweeper):
-    """BasicSweeper validating a batch by composing its covering jobs only (module docstring)."""
+    """BasicSweeper validating a batch by composing its covering jobs only, the keys of `outer` varying slowest
+    (module docstring)."""
+
+    def __init__(self, max_batch_size: int | None, params: dict[str, str] | None = None,
+                 outer: Sequence[str] = ()) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.outer = list(outer)
+
+    def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
+        return BasicSweeper.split_arguments(outer_first(overrides, self.outer), max_batch_size)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         super().validate_batch_is_legal(covering_jobs(batch))

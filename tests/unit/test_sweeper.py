@@ -8,6 +8,7 @@ import itertools
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.errors import ConfigCompositionException
 from hydra.types import HydraContext
@@ -49,9 +50,12 @@ class CountingLoader(ConfigLoaderImpl):
         return super().load_sweep_config(master_config, sweep_overrides)
 
 
-def sweeper(loader):
+def cell_sweeper(**kwargs):
     # the class as Hydra instantiates it: its plugin scan executes the modules again (BasicSweeper's included)
-    cell_sweeper = Plugins.instance().class_name_to_class["hydra_plugins.k3_ablate.sweeper.CellSweeper"]
+    return Plugins.instance().class_name_to_class["hydra_plugins.k3_ablate.sweeper.CellSweeper"](**kwargs)
+
+
+def sweeper(loader):
     sweeper = cell_sweeper(max_batch_size=None)
     sweeper.config = composed(["experiment=[main,draws]"])
     sweeper.hydra_context = HydraContext(config_loader=loader, callbacks=None)
@@ -71,3 +75,20 @@ def test_a_bad_value_in_a_late_job_fails_the_batch_before_it_runs():
     with pytest.raises(ConfigCompositionException):
         sweeper(loader).validate_batch_is_legal(batch)
     assert loader.composed[-1] == batch[-1]
+
+
+@pytest.mark.parametrize("arguments", [[], ["ablation.repeat=0,1"]], ids=["draws", "draws_and_repeats"])
+def test_a_sweep_with_draws_runs_the_point_values_cells_first_then_each_draws_in_turn(arguments):
+    cfg = composed(["experiment=[main,draws]"])
+    params = {key: str(value) for key, value in cfg.hydra.sweeper.params.items()}
+    sweeper = cell_sweeper(max_batch_size=None, params=params, outer=list(cfg.hydra.sweeper.outer))
+    overrides = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + arguments)
+    [batch] = sweeper.split_arguments(overrides, None)
+    keys = [dict(o.split("=", 1) for o in job) for job in batch]
+    cells = len(params["ablation.cell"].split(","))
+    assert cells == 64 and len(batch) == cells * 17 * (1 + len(arguments))
+    draws = [int(job["ablation.draw"]) for job in keys]
+    assert draws == sorted(draws) and draws[:cells] == [-1] * cells            # draw-major: whole draws in turn
+    assert [job["ablation.cell"] for job in keys[:cells]] == params["ablation.cell"].split(",")
+    if arguments:                                                              # then each repeat within a draw
+        assert [job["ablation.repeat"] for job in keys[:2 * cells]] == ["0"] * cells + ["1"] * cells
