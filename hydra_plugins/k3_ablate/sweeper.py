@@ -10,7 +10,7 @@ that sweep). A value that fails only beside another fails in its own job, after 
 cells finished by then keep their results, and a rerun skips them.
 
 The jobs run in Hydra's order (the product of the swept keys, the first varying slowest), except that the keys in
-`outer` go first: `conf/design/_sweep.yaml` puts `ablation.draw` and `ablation.repeat` there, so a sweep with
+`outer` go first (by default `ablation.draw`, then `ablation.repeat`), so a sweep with
 draws runs the point values' cells first, then each draw's cells in turn, and one cut short holds whole draws,
 which the attribution uses (cell-major, no draw was complete before the last cell).
 """
@@ -22,13 +22,15 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.types import Override
 
+OUTER = ("ablation.draw", "ablation.repeat")
+
 
 @dataclass     # no `from __future__ import annotations`: Hydra's plugin scan runs this module outside sys.modules
 class CellSweeperConf:
     _target_: str = "hydra_plugins.k3_ablate.sweeper.CellSweeper"
     max_batch_size: int | None = None
     params: dict[str, str] | None = None
-    outer: list[str] = field(default_factory=list)
+    outer: list[str] = field(default_factory=lambda: list(OUTER))
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="cells", node=CellSweeperConf, provider="k3_ablate")
@@ -57,7 +59,7 @@ class CellSweeper(BasicSweeper):
     (module docstring)."""
 
     def __init__(self, max_batch_size: int | None, params: dict[str, str] | None = None,
-                 outer: Sequence[str] = ()) -> None:
+                 outer: Sequence[str] = OUTER) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.outer = list(outer)
 
