@@ -115,10 +115,12 @@ def summarize(point: Mapping[str, float], draws: Sequence[Mapping[str, float]]) 
 
 
 def table(intervals: Mapping[str, Interval], num_draws: int,
-          indices: Mapping[str, Mapping[str, float]] | None = None) -> str:
+          indices: Mapping[str, Mapping[str, float]] | None = None, of: int | None = None) -> str:
     """The intervals as text: one line per toggle; one not resolved is said so, with the figure that moves it
-    most (`indices`, `first_order`): measuring that one would resolve it first."""
-    lines = [f"Shapley over {num_draws} joint draws of the assumed figures (Latin hypercube), 5-95%:",
+    most (`indices`, `first_order`): measuring that one would resolve it first. `of`: the draws the sweep has,
+    where only `num_draws` of them are complete."""
+    count = f"{num_draws} of {of}" if of is not None and of != num_draws else f"{num_draws}"
+    lines = [f"Shapley over {count} joint draws of the assumed figures (Latin hypercube), 5-95%:",
              f"{'toggle':<16}{'value':>11}{'5%':>11}{'95%':>11}{'P(>0)':>8}{'rank kept':>11}"]
     for p, iv in intervals.items():
         verdict = "" if iv.resolved else "  not resolved by the model"

@@ -135,9 +135,41 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
                   artefacts(point_cells, players, metric), draws, draw_values, draw_figures)
     if missing and not allow_missing:
         failures = f"; failed: {'; '.join(failed)}" if failed else ""
-        raise SweepError(f"{len(missing)} of {len(expected) * repeats} cells missing: {', '.join(missing)}"
+        total = len(expected) * (repeats + draws)
+        summary = "; ".join(missing_summary(missing, len(expected)))
+        raise SweepError(f"{len(missing)} of {total} cells missing: {summary}"
                          f"{failures} (--allow-missing attributes what is there)")
     return sweep
+
+
+def missing_summary(missing: list[str], per_draw: int, named: int = 5) -> list[str]:
+    """`missing` ("<cell> repeat <r>", "<cell> draw <d>") for a person: the point values' cells one by one, the
+    draws' as one entry per run of consecutive draws missing as many of their `per_draw` cells (a lone draw's entry
+    names its first `named`)."""
+    out = [m for m in missing if " draw " not in m]
+    by_draw: dict[int, list[str]] = {}
+    for m in missing:
+        if " draw " in m:
+            cell, draw = m.rsplit(" draw ", 1)
+            by_draw.setdefault(int(draw), []).append(cell)
+    runs: list[list[int]] = []
+    for draw in sorted(by_draw):
+        if runs and runs[-1][-1] == draw - 1 and len(by_draw[runs[-1][0]]) == len(by_draw[draw]):
+            runs[-1].append(draw)
+        else:
+            runs.append([draw])
+    for run in runs:
+        cells = by_draw[run[0]]
+        which = f"draw {run[0]}" if len(run) == 1 else f"draws {run[0]}-{run[-1]}"
+        count = f"all {per_draw}" if len(cells) == per_draw else f"{len(cells)} of {per_draw}"
+        if len(run) > 1:
+            out.append(f"{which}: {count} cells of each")
+        elif len(cells) == per_draw:
+            out.append(f"{which}: {count} cells")
+        else:
+            more = f" and {len(cells) - named} more" if len(cells) > named else ""
+            out.append(f"{which}: {count} cells ({', '.join(cells[:named])}{more})")
+    return out
 
 
 def attribute(sweep: Sweep, bootstrap_num: int = 1000) -> dict[str, Any]:
@@ -147,7 +179,9 @@ def attribute(sweep: Sweep, bootstrap_num: int = 1000) -> dict[str, Any]:
     players = sweep.players
     out: dict[str, Any] = {"metric": sweep.metric, "design": sweep.design, "players": list(players),
                            "cells": {label(c, players): list(v.values()) for c, v in sweep.values.items() if v},
-                           "missing": sweep.missing, "failed": sweep.failed, "repeats": sweep.repeats}
+                           "missing": sweep.missing,
+                           "missing_summary": missing_summary(sweep.missing, len(sweep.expected)),
+                           "failed": sweep.failed, "repeats": sweep.repeats}
     out["all_off"] = game.v(()) if game.has(()) else None
     out["all_on"] = game.v(players) if game.has(players) else None
     out["shapley"], out["shapley_error"], out["shapley_method"] = _shapley(game, sweep)
@@ -242,7 +276,7 @@ def table(out: dict[str, Any]) -> str:
     if draws and draws["intervals"]:
         intervals = {p: Interval(**{k: (tuple(v) if k == "values" else v) for k, v in iv.items() if k != "resolved"})
                      for p, iv in draws["intervals"].items()}
-        lines.append(draws_table(intervals, draws["complete"], draws.get("first_order")))
+        lines.append(draws_table(intervals, draws["complete"], draws.get("first_order"), of=draws["num"]))
         if draws.get("first_order"):
             lines.append(indices_table(draws["first_order"], draws["complete"]))
     for player, negative in out.get("flagged", {}).items():
@@ -250,7 +284,8 @@ def table(out: dict[str, Any]) -> str:
         lines.append(f"frontier artefact: {player}'s {', '.join(negative)} < 0 although it only removes work; "
                      f"{len(drops)} cell pair(s) drop when it is added, largest:")
         lines += [f"  {a['line']}" for a in drops[:3]]
-    lines += [f"missing: {m}" for m in out["missing"]] + [f"failed: {f}" for f in out["failed"]]
+    lines += [f"missing: {m}" for m in out.get("missing_summary", out["missing"])]
+    lines += [f"failed: {f}" for f in out["failed"]]
     return "\n".join(lines)
 
 

@@ -105,3 +105,14 @@ def test_repeats_give_bootstrap_intervals(tmp_path):
 def test_no_cells_is_an_error(tmp_path, capsys):
     assert attribute.main([str(tmp_path / "nowhere")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_missing_draws_are_summed_up_per_run_of_draws_alike():
+    cells = [label(c, PLAYERS) for c in factorial(PLAYERS)]
+    missing = (["fusion repeat 0"] + [f"{c} draw 0" for c in cells[1:]] + [f"{c} draw {d}" for d in (1, 2, 3)
+                                                                          for c in cells] + [f"{cells[0]} draw 5"])
+    assert attribute.missing_summary(missing, len(cells), named=2) == [
+        "fusion repeat 0", "draw 0: 3 of 4 cells (aiter_mla, fusion and 1 more)", "draws 1-3: all 4 cells of each",
+        "draw 5: 1 of 4 cells (all_off)"]
+    assert attribute.missing_summary([f"{c} draw 7" for c in cells], len(cells)) == ["draw 7: all 4 cells"]
+    assert attribute.missing_summary([], 4) == []

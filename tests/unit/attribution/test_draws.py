@@ -84,6 +84,7 @@ def test_the_summary_gives_intervals_p_positive_and_rank_stability():
     assert out["b"].values == tuple(5.0 - i for i in range(20))
     text = table(out, 20)
     assert "over 20 joint draws" in text
+    assert "over 20 of 32 joint draws" in table(out, 20, of=32) and "over 20 joint" in table(out, 20, of=20)
     assert [line.endswith("not resolved by the model") for line in text.splitlines()[2:]] == [False, True, True]
 
 
