@@ -135,7 +135,7 @@ def collect(cells: list[Cell], metric: str | None = None, allow_missing: bool = 
                   artefacts(point_cells, players, metric), draws, draw_values, draw_figures)
     if missing and not allow_missing:
         failures = f"; failed: {'; '.join(failed)}" if failed else ""
-        total = len(expected) * (repeats + draws)
+        total = len(expected) * (repeats + draws)      # the slots `missing` counts: draws are not repeated
         summary = "; ".join(missing_summary(missing, len(expected)))
         raise SweepError(f"{len(missing)} of {total} cells missing: {summary}"
                          f"{failures} (--allow-missing attributes what is there)")

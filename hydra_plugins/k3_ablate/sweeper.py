@@ -6,8 +6,9 @@ Hydra's BasicSweeper composes every job of a batch in the parent before launchin
 0.3 s here, so the main job with draws (64 cells x 17 draws) spent 5.8 min on them before its first cell started.
 CellSweeper composes only the jobs that hold an override no earlier job held: every swept value is composed at
 least once before anything runs, so a bad one still fails the sweep before its first cell (80 compositions for
-that sweep). A value that fails only beside another fails in its own job, after the rest of its batch ran: the
-cells finished by then keep their results, and a rerun skips them.
+that sweep). A value that fails only beside another fails when its job is launched, which stops the sweep (no
+attribution at its end): the cells finished by then keep their results (written atomically), and a rerun skips
+them.
 
 The jobs run in Hydra's order (the product of the swept keys, the first varying slowest), except that the keys in
 `outer` go first (by default `ablation.draw`, then `ablation.repeat`), so a sweep with
@@ -49,9 +50,10 @@ def covering_jobs(batch: Sequence[Sequence[str]]) -> list[Sequence[str]]:
 
 
 def outer_first(overrides: Sequence[Override], outer: Sequence[str]) -> list[Override]:
-    """`overrides` with the keys of `outer` first, in `outer`'s order; the others after them, as they were."""
+    """`overrides` with the keys of `outer` first (`+key`, `++key` too), in `outer`'s order; the others after them,
+    as they were."""
     rank = {key: i for i, key in enumerate(outer)}
-    return sorted(overrides, key=lambda o: rank.get(o.get_key_element(), len(rank)))
+    return sorted(overrides, key=lambda o: rank.get(o.get_key_element().lstrip("+~"), len(rank)))
 
 
 class CellSweeper(BasicSweeper):

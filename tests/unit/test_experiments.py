@@ -70,6 +70,8 @@ def test_the_main_job_is_the_simulator_factorial_on_every_core():
     assert len(cells) == 2 ** len(OPTIMIZATIONS) and "+".join(OPTIMIZATIONS) in cells
     assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == -1
     assert cfg.hydra.sweep.dir.endswith("sweeps/factorial/agentx/mi355x_x8")
+    # with draws, its own directory: the attribution refuses another experiment's cells beside the plain run's
+    assert composed(["experiment=[main,draws]"]).hydra.sweep.dir.endswith("sweeps/factorial_draws/agentx/mi355x_x8")
     app = to_app(apply_cell(composed(["experiment=main", "ablation.cell=all_off"], hydra=False)))
     assert (app.backend.name, app.model.name, app.ablation.metric) == ("sim", "kimi_k3", "tput_per_gpu_at_slo")
     assert app.backend.bracket_from == 6 and app.backend.workers == 1      # the bracket only; the cells take the cores
