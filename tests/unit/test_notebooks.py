@@ -69,6 +69,22 @@ def test_the_sweep_and_attribution_notebooks_run_on_a_small_sweep(tmp_path):
 
 
 @pytest.mark.spawns
+def test_the_attribution_notebook_shows_every_draws_values_and_the_intervals(tmp_path):
+    sweep = write_sweep(tmp_path / "sweep", draws=4)
+    shown = text_of(execute("attribution.ipynb", {"K3_SWEEP_DIR": str(sweep)}))
+    out = json.loads((sweep / "attribution.json").read_text())
+    assert out["draws"]["complete"] == 4 and "4 of 4 draws complete" in shown
+    for d, values in out["draws"]["values"].items():       # a row per draw: its figure and its Shapley values
+        x = out["draws"]["figures"][d]["x"]
+        assert any(line.split()[:2] == [d, f"{x:.4g}"] for line in shown.splitlines()), (d, shown)
+        assert values["fusion"] > 0
+    fusion = [v["fusion"] for v in out["draws"]["values"].values()]
+    assert fusion == sorted(fusion)                           # x scales fusion's speed-up
+    assert "fusion: " in shown and " over the draws, P(>0) 1.00" in shown
+    assert (sweep / "assumptions.png").is_file()
+
+
+@pytest.mark.spawns
 def test_a_sweep_missing_a_cell_stops_the_attribution_notebook_naming_it(tmp_path):
     sweep = write_sweep(tmp_path / "sweep", skip=(("fusion", 1),))
     with pytest.raises(CellExecutionError) as err:
